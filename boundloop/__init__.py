@@ -1,0 +1,58 @@
+"""boundloop: LLM tool loops under hard budgets, as an event-sourced actor system.
+
+A model proposes tool calls; the runner decides whether each happens, journals every
+intent durably before its effect, and can rebuild any run by replaying its events.
+"""
+
+from boundloop.cancel import CancelToken
+from boundloop.clock import Clock, FakeClock
+from boundloop.context import ModelContext
+from boundloop.errors import (
+    AdmissionError,
+    BoundloopError,
+    ConfigError,
+    JournalCorrupt,
+    JournalError,
+    JournalUnavailable,
+    RecoveryError,
+    RunnerClosed,
+    SequenceConflict,
+    UnknownRun,
+)
+from boundloop.messages import (
+    CallMessage,
+    CallTools,
+    Final,
+    FinalMessage,
+    Message,
+    NoticeMessage,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+from boundloop.models.scripted import ScriptedModel, ScriptExhausted
+from boundloop.policy.budget import Budget, Price, Remaining, Usage
+from boundloop.policy.replay import ReplayError, RunState, apply, replay
+from boundloop.results import CompletedAction, RunResult, UnresolvedAction
+from boundloop.runner import Runner
+from boundloop.tools import RetryPolicy, Tool, ToolContext, tool
+
+__all__ = [
+    # running
+    "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken",
+    # budgets and metering
+    "Budget", "Remaining", "Usage", "Price",
+    # models and messages
+    "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
+    "Message", "UserMessage", "CallMessage", "ToolResultMessage", "FinalMessage",
+    "NoticeMessage",
+    # tools
+    "tool", "Tool", "ToolContext", "RetryPolicy",
+    # replay
+    "replay", "apply", "RunState", "ReplayError",
+    # time
+    "Clock", "FakeClock",
+    # errors
+    "BoundloopError", "ConfigError", "JournalError", "JournalUnavailable", "JournalCorrupt",
+    "SequenceConflict", "AdmissionError", "UnknownRun", "RecoveryError", "RunnerClosed",
+]

@@ -1,0 +1,5 @@
+"""``python -m boundloop``: the command line."""
+
+from boundloop.cli import main
+
+main()

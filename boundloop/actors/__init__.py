@@ -1,0 +1,1 @@
+"""Effects: pykka actors talking in msgspec messages."""

@@ -1,0 +1,75 @@
+"""The messages actors send each other (msgspec Structs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import msgspec
+
+from boundloop.loop import Dispatch, RunSpec
+from boundloop.results import RunResult
+
+
+class StartRun(msgspec.Struct):
+    """Supervisor: drive this run from its spec; ``seq`` is its last journal sequence."""
+
+    spec: RunSpec
+    future: Future[RunResult]
+    seq: int = 0
+
+
+class EffectDone(msgspec.Struct):
+    """Supervisor: the effect a run waited for is done (``value``) or failed (``error``)."""
+
+    run_id: str
+    value: Any = None
+    error: BaseException | None = None
+    appended: int = 0
+
+
+class DispatchBatch(msgspec.Struct):
+    """Executor: run these calls, then call ``reply`` with their outcomes (or an error)."""
+
+    dispatch: Dispatch
+    reply: Callable[[Any, BaseException | None], None]
+
+
+class Admit(msgspec.Struct):
+    """Admission: may this run start? The answer is None, or why not."""
+
+    run_id: str
+
+
+class Release(msgspec.Struct):
+    """Admission: this run is no longer in flight."""
+
+    run_id: str
+
+
+class Charge(msgspec.Struct):
+    """Budget authority: a run spent this; charge it to every ancestor too."""
+
+    run_id: str
+    tool_calls: int = 0
+    usage: Any = None
+
+
+class OpenLedger(msgspec.Struct):
+    """Budget authority: track a run (under ``parent``, if nested)."""
+
+    run_id: str
+    parent: str | None = None
+
+
+class Spent(msgspec.Struct):
+    """Budget authority: what the run's descendants spent since it last asked."""
+
+    run_id: str
+
+
+class CloseLedger(msgspec.Struct):
+    """Budget authority: forget a finished run."""
+
+    run_id: str

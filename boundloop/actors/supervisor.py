@@ -1,0 +1,105 @@
+"""Run supervision: drives runs' generators by performing the effects they ask for.
+
+A supervisor never blocks: it starts an effect (a journal append, a model call, a batch of
+tool calls) and goes back to its inbox; the effect's completion arrives as an EffectDone
+message. A run is a suspended generator, not a thread, so a few supervisors drive many runs.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
+from typing import Any
+
+import msgspec
+import pykka
+
+from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
+from boundloop.actors.workers import Workers
+from boundloop.journal.base import Journal
+from boundloop.loop import Commit, Dispatch, Effect, InvokeModel, ModelReply, drive
+from boundloop.results import RunResult
+
+
+class _Run(msgspec.Struct):
+    gen: Generator[Effect, Any, RunResult]
+    future: Future[RunResult]
+    seq: int
+
+
+class SupervisorActor(pykka.ThreadingActor):
+    """Drives the runs given to it (``StartRun``) until each returns its RunResult."""
+
+    def __init__(self, journal: Journal, executor: pykka.ActorRef[Any], workers: Workers,
+                 on_finished: Callable[[str], None]) -> None:
+        super().__init__()
+        self.journal = journal
+        self.executor = executor
+        self.workers = workers
+        self.on_finished = on_finished
+        self.runs: dict[str, _Run] = {}
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case StartRun(spec=spec, future=future, seq=seq):
+                run = _Run(drive(spec), future, seq)
+                self.runs[spec.run_id] = run
+                self._advance(spec.run_id, run, None, None)
+            case EffectDone(run_id=run_id, value=value, error=error, appended=appended):
+                waiting = self.runs.get(run_id)
+                if waiting is not None:
+                    if error is None:
+                        waiting.seq += appended
+                    self._advance(run_id, waiting, value, error)
+        return None
+
+    def _advance(self, run_id: str, run: _Run, value: Any, error: BaseException | None) -> None:
+        try:
+            effect = run.gen.throw(error) if error is not None else run.gen.send(value)
+        except StopIteration as stop:
+            self._done(run_id, run, stop.value, None)
+            return
+        except BaseException as exc:  # noqa: BLE001 - a driver bug fails its run, not the actor
+            self._done(run_id, run, None, exc)
+            return
+        self._perform(run_id, run, effect)
+
+    def _done(self, run_id: str, run: _Run, result: RunResult | None,
+              exc: BaseException | None) -> None:
+        del self.runs[run_id]
+        self.on_finished(run_id)
+        if exc is not None:
+            run.future.set_exception(exc)
+        else:
+            assert result is not None
+            run.future.set_result(result)
+
+    def _perform(self, run_id: str, run: _Run, effect: Effect) -> None:
+        me = self.actor_ref
+        match effect:
+            case Commit(events=events):
+                count = len(events)
+
+                def committed(err: BaseException | None) -> None:
+                    me.tell(EffectDone(run_id, None, err, count))
+
+                self.journal.submit(run_id, run.seq, events, committed)
+            case InvokeModel():
+                started = time.perf_counter()
+                future = self.workers.spawn(self.workers.call(
+                    self.workers.model_pool, effect.model, effect.history, effect.ctx))
+
+                def responded(f: Future[Any]) -> None:
+                    latency = time.perf_counter() - started
+                    exc = f.exception()
+                    reply = ModelReply(None, exc, latency) if exc is not None else \
+                        ModelReply(f.result(), None, latency)
+                    me.tell(EffectDone(run_id, reply))
+
+                future.add_done_callback(responded)
+            case Dispatch():
+                def completed(outcomes: Any, err: BaseException | None) -> None:
+                    me.tell(EffectDone(run_id, outcomes, err))
+
+                self.executor.tell(DispatchBatch(effect, completed))

@@ -1,0 +1,29 @@
+"""One Encoder and one typed Decoder for journal events, created once."""
+
+from __future__ import annotations
+
+import msgspec
+
+from boundloop.errors import JournalCorrupt
+from boundloop.events import AnyEvent, Event
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder: msgspec.msgpack.Decoder[AnyEvent] = msgspec.msgpack.Decoder(AnyEvent)
+
+
+def encode(event: Event) -> bytes:
+    """The stored bytes of ``event``."""
+    return _encoder.encode(event)
+
+
+def decode(data: bytes) -> Event:
+    """The event stored as ``data``.
+
+    Raises:
+        JournalCorrupt: the bytes are not an event this version knows.
+    """
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise JournalCorrupt(f"undecodable journal event ({exc}); the journal may come from a "
+                             "newer boundloop or be damaged") from None

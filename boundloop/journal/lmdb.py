@@ -1,0 +1,319 @@
+"""The LMDB journal: events under (run id, dense sequence), indexes, group commit.
+
+One writer thread owns every write transaction. Appends queued while it commits are
+batched into its next transaction, so concurrent runs share one fsync (group commit).
+Readers use their own read transactions from any thread.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import secrets
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import msgspec
+
+from boundloop import events as ev
+from boundloop.errors import ConfigError, JournalUnavailable, SequenceConflict
+from boundloop.journal import codec
+from boundloop.journal.base import Done, Journal, OwnerRecord, RunInfo, check_run_id
+
+_SEP = b"\x00"
+_info_enc = msgspec.msgpack.Encoder()
+_info_dec = msgspec.msgpack.Decoder(RunInfo)
+_owner_dec = msgspec.msgpack.Decoder(OwnerRecord)
+KEY_FILE = "redaction.key"
+#: Largest number of queued appends folded into one transaction.
+MAX_BATCH = 4096
+
+
+def _ekey(run_id: str, seq: int) -> bytes:
+    return run_id.encode() + _SEP + seq.to_bytes(8, "big")
+
+
+class _Request(msgspec.Struct):
+    run_id: str
+    expected_seq: int
+    events: Sequence[ev.Event]
+    done: Done
+
+
+class LmdbJournal(Journal):
+    """A journal in an LMDB environment in directory ``path`` (created ``0700`` if absent).
+
+    Args:
+        path: the journal directory.
+        sync: fsync every commit (the default; False trades durability for speed).
+        map_size: the largest the data file may grow, in bytes (sparse on Linux).
+        max_readers: concurrent read transactions across every process sharing the journal.
+        create: create the directory when it does not exist.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, sync: bool = True,
+                 map_size: int = 16 << 30, max_readers: int = 1024, create: bool = True) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            if not create:
+                raise JournalUnavailable(f"no journal at {self.path}; run a command that "
+                                         "creates one, or pass the right --journal")
+            self.path.mkdir(mode=0o700, parents=True)
+        elif not self.path.is_dir():
+            raise ConfigError(f"{self.path} is not a directory; a journal is a directory")
+        os.chmod(self.path, 0o700)
+        self._key = self._load_key()
+        try:
+            self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=8, sync=sync,
+                                  max_readers=max_readers, mode=0o600, subdir=True)
+        except lmdb.Error as exc:
+            raise JournalUnavailable(f"cannot open the journal at {self.path}: {exc}") from None
+        # Readers left behind by processes that died would pin old pages forever.
+        self._env.reader_check()
+        self._events = self._env.open_db(b"events")
+        self._runs = self._env.open_db(b"runs")
+        self._order = self._env.open_db(b"order")
+        self._open = self._env.open_db(b"open")
+        self._owners = self._env.open_db(b"owners")
+        self._meta = self._env.open_db(b"meta")
+        for name in os.listdir(self.path):
+            os.chmod(self.path / name, 0o600)
+        self._pid = os.getpid()
+        self._closed = False
+        self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_loop, name="boundloop-journal",
+                                        daemon=True)
+        self._writer.start()
+
+    # -- keys and lifecycle ------------------------------------------------------------
+    def _load_key(self) -> bytes:
+        path = self.path / KEY_FILE
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_bytes()
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_bytes(32))
+        return path.read_bytes()
+
+    @property
+    def secret_key(self) -> bytes:
+        return self._key
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise JournalUnavailable(f"the journal at {self.path} is closed; open it again")
+        if os.getpid() != self._pid:
+            raise JournalUnavailable("this journal was opened before fork(); open it again in "
+                                     "the child process")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._queue.put(None)
+        if threading.current_thread() is not self._writer:
+            self._writer.join(timeout=30)
+        self._env.close()
+
+    # -- writing -----------------------------------------------------------------------
+    def submit(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
+               done: Done) -> None:
+        try:
+            check_run_id(run_id)
+            self._usable()
+        except Exception as exc:
+            done(exc)
+            return
+        self._queue.put(_Request(run_id, expected_seq, list(events), done))
+
+    def _write_loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                break
+            batch = [first]
+            stop = False
+            while len(batch) < MAX_BATCH:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._commit(batch)
+            if stop:
+                break
+        self._fail_pending()
+
+    def _fail_pending(self) -> None:
+        while True:
+            try:
+                req = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if req is not None:
+                req.done(JournalUnavailable("the journal was closed before this append"))
+
+    def _commit(self, batch: list[_Request]) -> None:
+        outcomes: list[BaseException | None] = []
+        try:
+            if self._closed:
+                raise JournalUnavailable(f"the journal at {self.path} is closed")
+            with self._env.begin(write=True) as txn:
+                for req in batch:
+                    outcomes.append(self._append_in(txn, req))
+        except lmdb.MapFullError:
+            err: BaseException = JournalUnavailable(
+                f"the journal at {self.path} is full; prune finished runs "
+                "(`boundloop prune`) or open it with a larger map_size")
+            outcomes = [err] * len(batch)
+        except lmdb.Error as exc:
+            outcomes = [JournalUnavailable(f"journal write failed: {exc}")] * len(batch)
+        except JournalUnavailable as exc:
+            outcomes = [exc] * len(batch)
+        for req, outcome in zip(batch, outcomes, strict=True):
+            try:
+                req.done(outcome)
+            except Exception:  # noqa: BLE001 - a callback must not stop the writer
+                pass
+
+    def _append_in(self, txn: Any, req: _Request) -> BaseException | None:
+        raw = txn.get(req.run_id.encode(), db=self._runs)
+        info = _info_dec.decode(raw) if raw is not None else None
+        last = info.last_seq if info is not None else 0
+        if last != req.expected_seq:
+            return SequenceConflict(f"run {req.run_id!r} is at sequence {last}, not "
+                                    f"{req.expected_seq}; another writer appended first")
+        now = time.time()
+        if info is None:
+            counter = txn.get(b"order", db=self._meta)
+            order = int.from_bytes(counter, "big") + 1 if counter else 1
+            txn.put(b"order", order.to_bytes(8, "big"), db=self._meta)
+            txn.put(order.to_bytes(8, "big"), req.run_id.encode(), db=self._order)
+            info = RunInfo(req.run_id, order, created_ts=now)
+            txn.put(req.run_id.encode(), b"", db=self._open)
+        seq = last
+        for event in req.events:
+            seq += 1
+            txn.put(_ekey(req.run_id, seq), codec.encode(event), db=self._events)
+            match event:
+                case ev.RunAdmitted():
+                    info.parent_run_id = event.parent_run_id
+                    info.owner = event.owner
+                case ev.OwnerClaimed() | ev.RunResumed() if event.owner:
+                    info.owner = event.owner
+                case _:
+                    pass
+            if isinstance(event, ev.RunFinished):
+                info.status, info.finished_ts = event.status, event.ts or now
+                txn.delete(req.run_id.encode(), db=self._open)
+            elif isinstance(event, ev.RunResumed):
+                info.status, info.finished_ts = None, None
+                txn.put(req.run_id.encode(), b"", db=self._open)
+        info.last_seq, info.updated_ts = seq, now
+        txn.put(req.run_id.encode(), _info_enc.encode(info), db=self._runs)
+        return None
+
+    # -- reading -----------------------------------------------------------------------
+    def read(self, run_id: str, after: int = 0) -> Iterator[tuple[int, ev.Event]]:
+        self._usable()
+        prefix = run_id.encode() + _SEP
+        out: list[tuple[int, ev.Event]] = []
+        with self._env.begin(db=self._events) as txn:
+            cur = txn.cursor()
+            if cur.set_range(_ekey(run_id, after + 1)):
+                for key, value in cur:
+                    if not key.startswith(prefix):
+                        break
+                    out.append((int.from_bytes(key[len(prefix):], "big"), codec.decode(value)))
+        return iter(out)
+
+    def find(self, run_id: str) -> RunInfo | None:
+        self._usable()
+        if not isinstance(run_id, str) or not run_id or "\x00" in run_id:
+            return None
+        with self._env.begin(db=self._runs) as txn:
+            raw = txn.get(run_id.encode())
+        return None if raw is None else _info_dec.decode(raw)
+
+    def runs(self) -> Iterator[str]:
+        self._usable()
+        with self._env.begin(db=self._order) as txn:
+            ids = [v.decode() for _, v in txn.cursor()]
+        return iter(ids)
+
+    def infos(self) -> list[RunInfo]:
+        """Every run's index entry, oldest first."""
+        self._usable()
+        with self._env.begin() as txn:
+            out = []
+            for _, rid in txn.cursor(db=self._order):
+                raw = txn.get(rid, db=self._runs)
+                if raw is not None:
+                    out.append(_info_dec.decode(raw))
+        return out
+
+    def open_runs(self) -> Iterator[str]:
+        self._usable()
+        with self._env.begin(db=self._open) as txn:
+            ids = [k.decode() for k, _ in txn.cursor()]
+        return iter(ids)
+
+    # -- owners ------------------------------------------------------------------------
+    def _write(self, fn: Any) -> Any:
+        """Run ``fn(txn)`` in its own durable write transaction (rare, small writes).
+
+        LMDB serialises write transactions, so this simply waits for the writer thread's.
+        """
+        self._usable()
+        try:
+            with self._env.begin(write=True) as txn:
+                return fn(txn)
+        except lmdb.Error as exc:
+            raise JournalUnavailable(f"journal write failed: {exc}") from None
+
+    def put_owner(self, record: OwnerRecord) -> None:
+        self._write(lambda txn: txn.put(record.owner.encode(), _info_enc.encode(record),
+                                        db=self._owners))
+
+    def remove_owner(self, owner: str) -> None:
+        self._write(lambda txn: txn.delete(owner.encode(), db=self._owners))
+
+    def owners(self) -> dict[str, OwnerRecord]:
+        self._usable()
+        with self._env.begin(db=self._owners) as txn:
+            return {k.decode(): _owner_dec.decode(v) for k, v in txn.cursor()}
+
+    # -- retention ---------------------------------------------------------------------
+    def prune(self, finished_before: float, dry_run: bool = False) -> list[str]:
+        victims = [i for i in self.infos()
+                   if i.finished_ts is not None and i.finished_ts < finished_before]
+        if dry_run or not victims:
+            return [i.run_id for i in victims]
+
+        def delete(txn: Any) -> None:
+            for info in victims:
+                prefix = info.run_id.encode() + _SEP
+                cur = txn.cursor(db=self._events)
+                if cur.set_range(prefix):
+                    while cur.key().startswith(prefix):
+                        if not cur.delete():
+                            break
+                txn.delete(info.run_id.encode(), db=self._runs)
+                txn.delete(info.order.to_bytes(8, "big"), db=self._order)
+
+        self._write(delete)
+        return [i.run_id for i in victims]

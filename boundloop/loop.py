@@ -1,0 +1,456 @@
+"""One run's orchestration, written as a generator of effect requests.
+
+``drive(spec)`` yields what it needs done (``Commit`` events, ``InvokeModel``,
+``Dispatch`` calls) and is sent the results; it performs no I/O, starts no thread and never
+blocks. The supervisor actor performs the effects; tests can drive it with fakes. Decisions
+come from ``policy.decide`` and every event is folded into the live state with
+``policy.replay.apply``: the same state machine that rebuilds the run from its journal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Generator
+from typing import Any
+
+import msgspec
+
+from boundloop import events as ev
+from boundloop.cancel import CancelToken
+from boundloop.clock import Clock
+from boundloop.context import ModelContext
+from boundloop.errors import JournalError
+from boundloop.messages import CallMessage, CallTools, Final, Message, ToolCall, ToolResultMessage
+from boundloop.messages import copy_history as _copy_history
+from boundloop.policy import decide
+from boundloop.policy.budget import Budget, Price, Usage, default_reservation, priced, remaining
+from boundloop.policy.redact import redact
+from boundloop.policy.replay import RunState, apply
+from boundloop.results import RunResult, UnresolvedAction
+from boundloop.tools import ArgumentError, Tool
+
+Estimator = Callable[[list[Message], Any], Usage]
+Permit = Callable[[ToolCall, Tool, ModelContext], Any]
+_json = msgspec.json.Encoder()
+
+
+# -- effects the driver asks for --------------------------------------------------------
+class Commit(msgspec.Struct):
+    """Append these (journal-form) events durably; the reply is None or a JournalError."""
+
+    events: list[ev.Event]
+
+
+class InvokeModel(msgspec.Struct):
+    """Call the model; the reply is a ModelReply."""
+
+    model: Any
+    history: list[Message]
+    ctx: ModelContext
+
+
+class ModelReply(msgspec.Struct):
+    """What the model returned (or raised), and how long it took."""
+
+    response: Any = None
+    error: BaseException | None = None
+    latency_s: float = 0.0
+
+
+class Planned(msgspec.Struct):
+    """One allowed call, ready to run."""
+
+    run_id: str
+    execution_id: str
+    idempotency_key: str
+    call_id: str
+    tool: Tool
+    kwargs: dict[str, Any]
+    first_attempt: int = 1
+    reconcile_first: bool = False
+
+
+class Dispatch(msgspec.Struct):
+    """Run these calls (at most ``max_parallel`` at once); the reply is a list of Outcome."""
+
+    calls: list[Planned]
+    max_parallel: int | None
+    deadline: float | None
+    cancel: CancelToken
+    retry_allowance: int
+    clock: Clock
+    run_child: Callable[..., Any] | None = None
+
+
+class Attempt(msgspec.Struct):
+    """One attempt of a call: ``ok``, ``error`` or ``timeout`` (then maybe reconciled)."""
+
+    attempt: int
+    kind: str
+    value: Any = None
+    error: str = ""
+    category: str = ""
+    latency_s: float = 0.0
+    timeout_s: float = 0.0
+    reconciled: bool | None = None
+    reconciled_value: Any = None
+
+
+class Outcome(msgspec.Struct):
+    """What became of one planned call; ``skipped`` names why it never ran."""
+
+    execution_id: str
+    attempts: list[Attempt] = msgspec.field(default_factory=list)
+    skipped: str | None = None
+
+
+Effect = Commit | InvokeModel | Dispatch
+
+
+# -- the run's fixed inputs ----------------------------------------------------------------
+class RunSpec(msgspec.Struct, kw_only=True):
+    """Everything a run needs that does not change while it runs."""
+
+    run_id: str
+    model: Any
+    tools: dict[str, Tool]
+    budget: Budget
+    history: list[Message]
+    cancel: CancelToken
+    secret_key: bytes
+    clock: Clock
+    owner: str = ""
+    permit: Permit | None = None
+    read_only: bool = False
+    price: Price | None = None
+    estimator: Estimator | None = None
+    parent_run_id: str | None = None
+    parent_step: int | None = None
+    parent_execution_id: str | None = None
+    run_child: Callable[..., Any] | None = None
+    resume: RunState | None = None
+
+
+def content_of(value: Any) -> Any:
+    """A tool result as JSON-like data (what the model and the journal see)."""
+    return msgspec.to_builtins(value, str_keys=True, enc_hook=repr)
+
+
+def idempotency_key(run_id: str, call_id: str) -> str:
+    """The key every attempt of one logical call shares."""
+    return hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:32]
+
+
+NOTICE = ("Your last response was malformed ({reason}). Answer with a final response or a "
+          "list of tool calls.")
+
+
+class _Driver:
+    def __init__(self, spec: RunSpec) -> None:
+        self.spec = spec
+        self.budget = spec.budget
+        self.clock = spec.clock
+        self.state = spec.resume if spec.resume is not None else RunState()
+        self.pending: list[ev.Event] = []
+        self.unrecorded: set[str] = set()
+        self.started = self.clock.monotonic()
+        self.elapsed_before = self.state.elapsed_s
+        deadline_s = self.budget.deadline_s
+        self.deadline = None if deadline_s is None else \
+            self.started + max(deadline_s - self.elapsed_before, 0.0)
+        self.schemas = [t.schema for t in spec.tools.values()]
+
+    # -- bookkeeping -------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return self.elapsed_before + (self.clock.monotonic() - self.started)
+
+    def emit(self, make: Callable[..., ev.Event], **fields: Any) -> ev.Event:
+        event = make(run_id=self.spec.run_id, ts=self.clock.time(), elapsed_s=self.elapsed(),
+                     **fields)
+        apply(self.state, event)
+        self.pending.append(self._for_journal(event))
+        return event
+
+    def _redact(self, tool_name: str, value: Any) -> tuple[Any, bool]:
+        tool = self.spec.tools.get(tool_name)
+        return redact(value, self.spec.secret_key, tool.sensitive if tool else ())
+
+    def _for_journal(self, event: ev.Event) -> ev.Event:
+        replace = msgspec.structs.replace
+        match event:
+            case ev.CallDecided():
+                args, changed = self._redact(event.tool, event.arguments)
+                return replace(event, arguments=args, redacted=changed) if changed else event
+            case ev.CallSucceeded() | ev.CallReconciled():
+                rec = self.state.calls[event.execution_id]
+                content, changed = self._redact(rec.tool, event.content)
+                return replace(event, content=content) if changed else event
+            case ev.ModelStepCompleted(response=CallTools() as resp):
+                calls = [replace(c, arguments=self._redact(c.name, c.arguments)[0])
+                         for c in resp.calls]
+                return replace(event, response=replace(resp, calls=calls))
+            case ev.RunAdmitted():
+                return replace(event, history=[self._redact_message(m) for m in event.history])
+            case _:
+                return event
+
+    def _redact_message(self, m: Message) -> Message:
+        if isinstance(m, CallMessage):
+            return msgspec.structs.replace(m, arguments=self._redact(m.name, m.arguments)[0])
+        if isinstance(m, ToolResultMessage):
+            return msgspec.structs.replace(m, content=redact(m.content, self.spec.secret_key)[0])
+        return m
+
+    def commit(self) -> Generator[Effect, Any, None]:
+        batch, self.pending = self.pending, []
+        try:
+            yield Commit(batch)
+        except JournalError:
+            self.unrecorded.update(
+                e.execution_id for e in batch
+                if isinstance(e, ev.CallSucceeded | ev.CallFailed | ev.CallOutcomeUnknown
+                              | ev.CallReconciled | ev.CallTimedOut))
+            raise
+
+    # -- the run -----------------------------------------------------------------------
+    def run(self) -> Generator[Effect, Any, RunResult]:
+        spec = self.spec
+        if spec.resume is None:
+            self.emit(ev.RunAdmitted, budget=self.budget, history=spec.history,
+                      tools=sorted(spec.tools), owner=spec.owner,
+                      parent_run_id=spec.parent_run_id, parent_step=spec.parent_step,
+                      parent_execution_id=spec.parent_execution_id)
+        else:
+            self.emit(ev.RunResumed, owner=spec.owner)
+        try:
+            yield from self.commit()
+        except JournalError as exc:
+            return self.unavailable(f"It could not record the run's start ({exc}); nothing ran.")
+        while True:
+            try:
+                stop = yield from self.round()
+            except JournalError as exc:
+                stop = decide.Stop("journal_unavailable", detail=str(exc))
+            if stop is not None:
+                return (yield from self.finish(stop))
+
+    def unavailable(self, detail: str) -> RunResult:
+        stop = decide.Stop("journal_unavailable", detail=detail)
+        self.state.status = stop.status
+        self.state.explanation = decide.explain(stop, self.budget)
+        return self.result()
+
+    def result(self) -> RunResult:
+        result = self.state.result(self.elapsed())
+        if not self.unrecorded:
+            return result
+        lost = [self.state.calls[e] for e in self.unrecorded if e in self.state.calls]
+        return msgspec.structs.replace(
+            result,
+            completed=[c for c in result.completed if c.execution_id not in self.unrecorded],
+            unresolved=result.unresolved + [
+                UnresolvedAction(self.spec.run_id, r.call_id, r.tool, r.execution_id,
+                                 r.idempotency_key, max(r.attempt, 1), "dispatched")
+                for r in lost])
+
+    def finish(self, stop: decide.Stop) -> Generator[Effect, Any, RunResult]:
+        explanation = decide.explain(stop, self.budget)
+        st = self.state
+        self.emit(ev.RunFinished, status=stop.status, exhausted_limit=stop.limit,
+                  explanation=explanation, model_steps=st.model_steps,
+                  tool_calls=st.tool_calls, usage=st.usage)
+        try:
+            yield from self.commit()
+        except JournalError as exc:
+            if stop.status != "journal_unavailable":
+                return self.unavailable(f"The run ended {stop.status}, but the journal could "
+                                        f"not record it ({exc}).")
+        return self.result()
+
+    def deadline_passed(self) -> bool:
+        return self.deadline is not None and self.clock.monotonic() >= self.deadline
+
+    def reservation(self) -> Usage:
+        spec = self.spec
+        if spec.estimator is not None:
+            usage = spec.estimator(self.state.transcript, spec.model)
+        else:
+            size = len(_json.encode(self.state.transcript))
+            usage = default_reservation(size, getattr(spec.model, "max_output_tokens", None))
+        return priced(usage, spec.price)
+
+    def round(self) -> Generator[Effect, Any, decide.Stop | None]:
+        spec, st, budget = self.spec, self.state, self.budget
+        reservation = self.reservation()
+        stop = decide.before_model(st, budget, cancelled=spec.cancel.cancelled,
+                                   deadline_passed=self.deadline_passed(),
+                                   reservation=reservation)
+        if stop is not None:
+            return stop
+        was_final_only = decide.final_only(st, budget)
+        allowed = decide.tools_allowed(st, budget)
+        step = st.model_steps + 1
+        self.emit(ev.ModelStepStarted, step=step, tools_allowed=allowed, reservation=reservation)
+        ctx = ModelContext(
+            run_id=spec.run_id, step=step, tools_allowed=allowed, tools=self.schemas,
+            remaining=remaining(budget, st.model_steps, st.tool_calls,
+                                st.usage - reservation, self.elapsed()),
+            deadline=self.deadline, cancel=spec.cancel)
+        reply = yield InvokeModel(spec.model, _copy_history(st.transcript), ctx)
+        if reply.error is not None:
+            detail = f"{type(reply.error).__name__}: {reply.error}"
+            self.emit(ev.ModelStepFailed, step=step, reason="error", detail=detail,
+                      latency_s=reply.latency_s)
+            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
+            return decide.Stop("model_error", detail=detail)
+        if spec.cancel.cancelled:
+            self.emit(ev.ModelStepFailed, step=step, reason="cancelled",
+                      detail="the response was discarded", latency_s=reply.latency_s)
+            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
+            return decide.Stop("cancelled", detail="The model's last response was discarded.")
+        parsed = decide.parse_response(reply.response)
+        if isinstance(parsed, decide.Malformed):
+            self.emit(ev.ModelStepFailed, step=step, reason="malformed", detail=parsed.reason,
+                      latency_s=reply.latency_s)
+            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
+            if st.malformed <= budget.malformed_retries:
+                self.emit(ev.NoticeAdded, text=NOTICE.format(reason=parsed.reason))
+                return None
+            return decide.Stop("malformed_response", detail=parsed.reason)
+        self.emit(ev.ModelStepCompleted, step=step, response=parsed, latency_s=reply.latency_s)
+        if parsed.usage is not None:
+            self.emit(ev.UsageCharged, step=step, usage=priced(parsed.usage, spec.price))
+        else:
+            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
+        if isinstance(parsed, Final):
+            return decide.Stop("final")
+        limit = decide.over(budget, st.usage)
+        if limit is not None:
+            return decide.Stop("limit_exceeded", limit,
+                               "No call of the last response was dispatched.")
+        stop = decide.check_batch(st, budget, parsed, allowed=allowed,
+                                  was_final_only=was_final_only)
+        if stop is not None:
+            return stop
+        return (yield from self.calls(step, parsed, ctx))
+
+    def decide_call(self, call: ToolCall, ctx: ModelContext) -> tuple[str, str, dict[str, Any]]:
+        """(decision, reason, handler kwargs): unknown tool, permission, arguments, deadline."""
+        spec = self.spec
+        tool = spec.tools.get(call.name)
+        if tool is None:
+            known = ", ".join(sorted(spec.tools)) or "none"
+            return "unknown_tool", f"no tool named {call.name!r} (tools: {known})", {}
+        if spec.read_only and not tool.read_only:
+            return "denied", (f"this runner is read-only and tool {tool.name!r} is not "
+                              "marked read_only"), {}
+        if spec.permit is not None:
+            try:
+                verdict = spec.permit(call, tool, ctx)
+            except Exception as exc:  # noqa: BLE001 - a failing permit denies (fail closed)
+                return "denied", f"the permission check raised {type(exc).__name__}: {exc}", {}
+            if verdict is not True:
+                reason = verdict if isinstance(verdict, str) and verdict else \
+                    "denied by the permission check"
+                return "denied", reason, {}
+        try:
+            kwargs = tool.validate(call.arguments)
+        except ArgumentError as exc:
+            return "invalid_arguments", f"invalid arguments for {tool.name!r}: {exc}", {}
+        if self.deadline_passed():
+            return "skipped", "deadline", kwargs
+        if spec.cancel.cancelled:
+            return "skipped", "cancelled", kwargs
+        return "allow", "", kwargs
+
+    def calls(self, step: int, batch: CallTools,
+              ctx: ModelContext) -> Generator[Effect, Any, decide.Stop | None]:
+        spec, st = self.spec, self.state
+        planned: list[Planned] = []
+        skipped: list[str] = []
+        for index, call in enumerate(batch.calls):
+            decision, reason, kwargs = self.decide_call(call, ctx)
+            tool = spec.tools.get(call.name)
+            eid = f"{spec.run_id}:{step}:{index}"
+            key = idempotency_key(spec.run_id, call.id)
+            self.emit(ev.CallDecided, execution_id=eid, idempotency_key=key, step=step,
+                      round=step, index=index, call_id=call.id, tool=call.name,
+                      arguments=call.arguments, decision=decision, reason=reason,
+                      parent_step=spec.parent_step,
+                      read_only=bool(tool and tool.read_only),
+                      idempotent=bool(tool and tool.idempotent),
+                      irreversible=bool(tool and tool.irreversible))
+            if decision == "allow" and tool is not None:
+                planned.append(Planned(spec.run_id, eid, key, call.id, tool, kwargs))
+            elif decision == "skipped":
+                skipped.append(reason)
+        try:
+            yield from self.commit()
+        except JournalError as exc:
+            return decide.Stop("journal_unavailable",
+                               detail=f"The calls' decisions could not be recorded ({exc}); "
+                                      "none was dispatched.")
+        outcomes: list[Outcome] = []
+        if planned:
+            allowance = self.budget.max_tool_calls - st.tool_calls
+            outcomes = yield Dispatch(planned, self.budget.max_parallel, self.deadline,
+                                      spec.cancel, allowance, self.clock, spec.run_child)
+        for outcome in outcomes:
+            self.record(outcome)
+            if outcome.skipped:
+                skipped.append(outcome.skipped)
+        self.emit(ev.RoundCompleted, step=step)
+        if skipped:
+            if "cancelled" in skipped or spec.cancel.cancelled:
+                return decide.Stop("cancelled", detail="Calls not yet started were not run.")
+            return decide.Stop("limit_exceeded", "deadline",
+                               "Calls not yet started were not run.")
+        return None
+
+    def result_fields(self, value: Any) -> dict[str, Any]:
+        content = content_of(value)
+        data = _json.encode(content)
+        fields = {"content": content, "size": len(data),
+                  "digest": hashlib.sha256(data).hexdigest()}
+        limit = self.budget.max_result_bytes
+        if limit is not None and len(data) > limit:
+            fields["content"] = (f"the result was {len(data)} bytes, over max_result_bytes="
+                                 f"{limit}; it was not kept")
+            fields["status"] = "too_large"
+        return fields
+
+    def record(self, outcome: Outcome) -> None:
+        eid = outcome.execution_id
+        if outcome.skipped:
+            self.emit(ev.CallSkipped, execution_id=eid, reason=outcome.skipped)
+            return
+        for i, att in enumerate(outcome.attempts):
+            last = i == len(outcome.attempts) - 1
+            self.emit(ev.CallDispatched, execution_id=eid, attempt=att.attempt)
+            if att.kind == "ok":
+                self.emit(ev.CallSucceeded, execution_id=eid, attempt=att.attempt,
+                          latency_s=att.latency_s, **self.result_fields(att.value))
+            elif att.kind == "error":
+                self.emit(ev.CallFailed, execution_id=eid, attempt=att.attempt,
+                          error_category=att.category, content=att.error,
+                          latency_s=att.latency_s, retrying=not last)
+            else:
+                self.emit(ev.CallTimedOut, execution_id=eid, attempt=att.attempt,
+                          timeout_s=att.timeout_s, latency_s=att.latency_s)
+                if att.reconciled is True:
+                    fields = self.result_fields(att.reconciled_value)
+                    fields.pop("status", None)
+                    self.emit(ev.CallReconciled, execution_id=eid, attempt=att.attempt,
+                              took_effect=True, **fields)
+                elif att.reconciled is False:
+                    self.emit(ev.CallReconciled, execution_id=eid, attempt=att.attempt,
+                              took_effect=False)
+                elif last:
+                    self.emit(ev.CallOutcomeUnknown, execution_id=eid, attempt=att.attempt,
+                              content=att.error or "the call timed out; whether it took "
+                              "effect is not known")
+
+
+def drive(spec: RunSpec) -> Generator[Effect, Any, RunResult]:
+    """The run as a generator: yields effects, is sent their results, returns the result."""
+    return _Driver(spec).run()

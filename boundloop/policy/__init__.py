@@ -1,0 +1,1 @@
+"""Pure policy: budgets, the loop's decisions, the replay fold and redaction. No I/O here."""

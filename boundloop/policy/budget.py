@@ -1,0 +1,217 @@
+"""Budgets, usage arithmetic and reservations (pure)."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any
+
+import msgspec
+
+from boundloop.errors import ConfigError
+
+NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
+NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class Usage(msgspec.Struct, frozen=True):
+    """Metered tokens (SPEC 7).
+
+    ``input_tokens`` counts input neither written to nor read from a cache; all input is
+    ``input_tokens + cache_write_tokens + cache_read_tokens``. ``cost`` is set when a price
+    table is given or the model reports it.
+    """
+
+    input_tokens: NonNegInt = 0
+    output_tokens: NonNegInt = 0
+    cache_write_tokens: NonNegInt = 0
+    cache_read_tokens: NonNegInt = 0
+    cost: NonNegFloat | None = None
+
+    @property
+    def all_input_tokens(self) -> int:
+        """Every input token, cached or not."""
+        return self.input_tokens + self.cache_write_tokens + self.cache_read_tokens
+
+    @property
+    def total_tokens(self) -> int:
+        """All input plus output."""
+        return self.all_input_tokens + self.output_tokens
+
+    def __add__(self, other: Usage) -> Usage:
+        cost = None if self.cost is None and other.cost is None else (
+            (self.cost or 0.0) + (other.cost or 0.0))
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cache_write_tokens + other.cache_write_tokens,
+            self.cache_read_tokens + other.cache_read_tokens,
+            cost,
+        )
+
+    def __sub__(self, other: Usage) -> Usage:
+        cost = None if self.cost is None and other.cost is None else max(
+            0.0, (self.cost or 0.0) - (other.cost or 0.0))
+        return Usage(
+            max(0, self.input_tokens - other.input_tokens),
+            max(0, self.output_tokens - other.output_tokens),
+            max(0, self.cache_write_tokens - other.cache_write_tokens),
+            max(0, self.cache_read_tokens - other.cache_read_tokens),
+            cost,
+        )
+
+
+class Price(msgspec.Struct, frozen=True):
+    """A price table: currency units per million tokens of each kind."""
+
+    input_per_mtok: float = 0.0
+    output_per_mtok: float = 0.0
+    cache_write_per_mtok: float | None = None
+    cache_read_per_mtok: float | None = None
+
+    def cost(self, usage: Usage) -> float:
+        """What ``usage`` costs under this table (cache prices default to the input price)."""
+        cw = self.cache_write_per_mtok
+        cw = self.input_per_mtok if cw is None else cw
+        cr = self.input_per_mtok if self.cache_read_per_mtok is None else self.cache_read_per_mtok
+        per_mtok = (usage.input_tokens * self.input_per_mtok
+                    + usage.output_tokens * self.output_per_mtok
+                    + usage.cache_write_tokens * cw + usage.cache_read_tokens * cr)
+        return per_mtok / 1_000_000
+
+
+def priced(usage: Usage, price: Price | None) -> Usage:
+    """``usage`` with its cost filled in from ``price`` when the model did not report one."""
+    if price is None or usage.cost is not None:
+        return usage
+    return msgspec.structs.replace(usage, cost=price.cost(usage))
+
+
+#: The token and cost limits, in the order they are checked and reported.
+TOKEN_LIMITS = ("input_tokens", "output_tokens", "total_tokens", "cost")
+
+_MINIMUMS: dict[str, float] = {
+    "max_model_steps": 1, "max_tool_calls": 0, "max_parallel": 1, "deadline_s": 0,
+    "max_input_tokens": 0, "max_output_tokens": 0, "max_total_tokens": 0, "max_cost": 0,
+    "max_result_bytes": 0, "malformed_retries": 0,
+}
+_INTEGERS = {"max_model_steps", "max_tool_calls", "max_parallel", "max_input_tokens",
+             "max_output_tokens", "max_total_tokens", "max_result_bytes", "malformed_retries"}
+_REQUIRED = {"max_model_steps", "max_tool_calls", "malformed_retries"}
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True):
+    """The hard limits of one run (SPEC 5). None means unbounded.
+
+    Raises:
+        ConfigError: a limit is not a number, is below its minimum, or (for
+            ``max_model_steps`` and ``max_tool_calls``) is None.
+    """
+
+    max_model_steps: int = 6
+    max_tool_calls: int = 20
+    max_parallel: int | None = None
+    deadline_s: float | None = None
+    max_input_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_total_tokens: int | None = None
+    max_cost: float | None = None
+    max_result_bytes: int | None = None
+    reserve_final_step: bool = True
+    malformed_retries: int = 0
+
+    def __post_init__(self) -> None:
+        for name, minimum in _MINIMUMS.items():
+            value = getattr(self, name)
+            if value is None:
+                if name in _REQUIRED:
+                    raise ConfigError(f"Budget.{name} must be a number, not None: it is always "
+                                      "finite")
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"Budget.{name} must be a number, got {value!r}")
+            if name in _INTEGERS and not isinstance(value, int):
+                raise ConfigError(f"Budget.{name} must be a whole number, got {value!r}")
+            if math.isnan(value) or value < minimum or (name == "deadline_s" and value <= 0):
+                bound = "above 0" if name == "deadline_s" else f"at least {minimum}"
+                raise ConfigError(f"Budget.{name} must be {bound}, got {value!r}")
+        if not isinstance(self.reserve_final_step, bool):
+            raise ConfigError("Budget.reserve_final_step must be True or False")
+
+    def limit(self, name: str) -> float | None:
+        """The value of the limit reported as ``name`` (e.g. ``"tool_calls"``)."""
+        return {
+            "model_steps": self.max_model_steps, "tool_calls": self.max_tool_calls,
+            "deadline": self.deadline_s, "input_tokens": self.max_input_tokens,
+            "output_tokens": self.max_output_tokens, "total_tokens": self.max_total_tokens,
+            "cost": self.max_cost,
+        }[name]
+
+
+class Remaining(msgspec.Struct, frozen=True):
+    """What is left of each budget; None where the budget is unbounded."""
+
+    model_steps: int
+    tool_calls: int
+    deadline_s: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    cost: float | None = None
+
+
+def _left(limit: float | None, used: float) -> Any:
+    return None if limit is None else max(limit - used, 0)
+
+
+def remaining(budget: Budget, model_steps: int, tool_calls: int, usage: Usage,
+              elapsed_s: float) -> Remaining:
+    """What is left of ``budget`` after the given counters, usage and elapsed time."""
+    return Remaining(
+        model_steps=max(budget.max_model_steps - model_steps, 0),
+        tool_calls=max(budget.max_tool_calls - tool_calls, 0),
+        deadline_s=_left(budget.deadline_s, elapsed_s),
+        input_tokens=_left(budget.max_input_tokens, usage.all_input_tokens),
+        output_tokens=_left(budget.max_output_tokens, usage.output_tokens),
+        total_tokens=_left(budget.max_total_tokens, usage.total_tokens),
+        cost=_left(budget.max_cost, usage.cost or 0.0),
+    )
+
+
+def exceeded(budget: Budget, usage: Usage) -> str | None:
+    """The first token or cost limit that ``usage`` is above, else None."""
+    values = {"input_tokens": usage.all_input_tokens, "output_tokens": usage.output_tokens,
+              "total_tokens": usage.total_tokens, "cost": usage.cost or 0.0}
+    for name in TOKEN_LIMITS:
+        limit = budget.limit(name)
+        if limit is not None and values[name] > limit:
+            return name
+    return None
+
+
+def default_reservation(history_json_bytes: int, declared_output_max: int | None) -> Usage:
+    """SPEC 5.1: ceil(history JSON bytes / 4) input tokens plus the declared output maximum."""
+    return Usage(input_tokens=math.ceil(history_json_bytes / 4),
+                 output_tokens=declared_output_max or 0)
+
+
+def carve(parent: Remaining, asked: Budget) -> Budget:
+    """A child's budget: for every shared limit, the smaller of what it asks and what is left."""
+
+    def smaller(a: Any, b: Any) -> Any:
+        if a is None:
+            return b
+        if b is None:
+            return a
+        return min(a, b)
+
+    return msgspec.structs.replace(
+        asked,
+        max_tool_calls=smaller(asked.max_tool_calls, parent.tool_calls),
+        # A spent parent deadline must not read as None (unbounded): keep it just above 0.
+        deadline_s=None if (d := smaller(asked.deadline_s, parent.deadline_s)) is None
+        else max(d, 1e-6),
+        max_input_tokens=smaller(asked.max_input_tokens, parent.input_tokens),
+        max_output_tokens=smaller(asked.max_output_tokens, parent.output_tokens),
+        max_total_tokens=smaller(asked.max_total_tokens, parent.total_tokens),
+        max_cost=smaller(asked.max_cost, parent.cost),
+    )

@@ -1,0 +1,127 @@
+"""The loop's checks, in the order of SPEC 5 (pure: time and flags are arguments)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from boundloop.messages import CallTools, Final, Response
+from boundloop.policy.budget import Budget, Usage, exceeded
+from boundloop.policy.replay import RunState
+
+
+class Stop(msgspec.Struct, frozen=True):
+    """The run ends with ``status`` (and ``limit`` when a budget stopped it)."""
+
+    status: str
+    limit: str | None = None
+    detail: str = ""
+
+
+class Malformed(msgspec.Struct, frozen=True):
+    """The model's response could not be read; ``reason`` says what was wrong."""
+
+    reason: str
+
+
+def stop_limit(limit: str) -> Stop:
+    """A ``limit_exceeded`` stop naming ``limit``."""
+    return Stop("limit_exceeded", limit)
+
+
+def over(budget: Budget, usage: Usage) -> str | None:
+    """The first token or cost limit that ``usage`` exceeds."""
+    return exceeded(budget, usage)
+
+
+def before_model(state: RunState, budget: Budget, *, cancelled: bool, deadline_passed: bool,
+                 reservation: Usage) -> Stop | None:
+    """SPEC 5.1: may the next model step run?"""
+    if cancelled:
+        return Stop("cancelled")
+    if deadline_passed:
+        return stop_limit("deadline")
+    if state.model_steps >= budget.max_model_steps:
+        return stop_limit("model_steps")
+    limit = exceeded(budget, state.usage + reservation)
+    if limit is not None:
+        return stop_limit(limit)
+    return None
+
+
+def final_only(state: RunState, budget: Budget) -> bool:
+    """True when the step about to run is the last one and is reserved for a final answer."""
+    return budget.reserve_final_step and state.model_steps + 1 >= budget.max_model_steps
+
+
+def tools_allowed(state: RunState, budget: Budget) -> bool:
+    """SPEC 5.2: False on the final-only step and when the call budget is spent."""
+    return not final_only(state, budget) and state.tool_calls < budget.max_tool_calls
+
+
+def parse_response(raw: Any) -> Response | Malformed:
+    """SPEC 2: a Final or CallTools (Struct or dict form), else Malformed with a reason."""
+    if isinstance(raw, Final | CallTools):
+        try:
+            raw = msgspec.to_builtins(raw)
+        except TypeError as exc:
+            return Malformed(f"the response holds a value that is not JSON-like ({exc})")
+    if not isinstance(raw, dict):
+        return Malformed(f"a response must be bl.Final, bl.CallTools or a dict, "
+                         f"not {type(raw).__name__}")
+    try:
+        parsed: Response = msgspec.convert(raw, Response)
+        return parsed
+    except msgspec.ValidationError as exc:
+        return Malformed(str(exc))
+
+
+def check_batch(state: RunState, budget: Budget, calls: CallTools, *,
+                allowed: bool, was_final_only: bool) -> Stop | None:
+    """SPEC 5.8: the batch as a whole; any failure refuses all of it."""
+    if not allowed:
+        return stop_limit("model_steps" if was_final_only else "tool_calls")
+    seen: set[str] = set()
+    for call in calls.calls:
+        if call.id in seen or call.id in state.reserved_ids:
+            return Stop("repeated_call", detail=call.id)
+        seen.add(call.id)
+    if state.tool_calls + len(calls.calls) > budget.max_tool_calls:
+        return stop_limit("tool_calls")
+    return None
+
+
+def explain(stop: Stop, budget: Budget) -> str:
+    """One or two plain sentences on why the run ended."""
+    if stop.status == "limit_exceeded" and stop.limit is not None:
+        value = budget.limit(stop.limit)
+        what = {
+            "model_steps": f"the model-step limit (max_model_steps={value}) was reached",
+            "tool_calls": f"the tool-call limit (max_tool_calls={value}) was reached",
+            "deadline": f"the deadline (deadline_s={value}) passed",
+            "input_tokens": f"the input-token limit (max_input_tokens={value}) was reached",
+            "output_tokens": f"the output-token limit (max_output_tokens={value}) was reached",
+            "total_tokens": f"the total-token limit (max_total_tokens={value}) was reached",
+            "cost": f"the cost limit (max_cost={value}) was reached",
+        }[stop.limit]
+        text = f"The run stopped because {what}."
+        return f"{text} {stop.detail}" if stop.detail else text
+    base = {
+        "final": "The model gave a final answer.",
+        "repeated_call": f"The model reused call id {stop.detail!r}, which was already "
+                         "reserved in this run; nothing in that batch ran.",
+        "cancelled": "The run was cancelled.",
+        "malformed_response": f"The model's response was malformed: {stop.detail}",
+        "model_error": f"The model callback raised: {stop.detail}",
+        "needs_review": "An irreversible action's outcome is unknown and cannot be reconciled;"
+                        f" a person must resolve it. {stop.detail}",
+        "journal_unavailable": "The journal could not record the run; nothing more was "
+                               f"dispatched (fail closed). {stop.detail}",
+        "rejected": f"Admission refused the run: {stop.detail}",
+    }[stop.status]
+    if stop.status in ("repeated_call", "malformed_response", "model_error"):
+        return base
+    if stop.status in ("cancelled", "final"):
+        return f"{base} {stop.detail}".strip()
+    return base.strip()

@@ -1,0 +1,50 @@
+"""What a run reports: RunResult and the actions it lists."""
+
+from __future__ import annotations
+
+import msgspec
+
+from boundloop.messages import Message
+from boundloop.policy.budget import Usage
+
+
+class CompletedAction(msgspec.Struct, frozen=True):
+    """A call whose result is known: its call id, tool, result status and attempts."""
+
+    call_id: str
+    tool: str
+    status: str
+    attempts: int
+    execution_id: str = ""
+
+
+class UnresolvedAction(msgspec.Struct, frozen=True):
+    """An action whose outcome is not known.
+
+    ``phase`` is ``dispatched`` when the journal recorded its dispatch, ``intended`` when it
+    holds only the decision, and ``abandoned`` once a person closed it without knowing.
+    """
+
+    run_id: str
+    call_id: str
+    tool: str
+    execution_id: str
+    idempotency_key: str
+    attempt: int
+    phase: str
+
+
+class RunResult(msgspec.Struct, frozen=True):
+    """How a run ended (SPEC 1)."""
+
+    run_id: str
+    status: str
+    exhausted_limit: str | None
+    explanation: str
+    model_steps: int
+    tool_calls: int
+    transcript: list[Message]
+    completed: list[CompletedAction]
+    unresolved: list[UnresolvedAction]
+    usage: Usage
+    elapsed_s: float

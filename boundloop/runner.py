@@ -1,0 +1,269 @@
+"""The Runner: starts and stops the actors; run, submit, cancel, recover, resolve, resume."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+import zlib
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import pykka
+
+from boundloop.actors.admission import AdmissionActor
+from boundloop.actors.executor import ExecutorActor
+from boundloop.actors.messages import Admit, Release, StartRun
+from boundloop.actors.supervisor import SupervisorActor
+from boundloop.actors.workers import Workers
+from boundloop.cancel import CancelToken
+from boundloop.clock import Clock
+from boundloop.errors import ConfigError, JournalError, RunnerClosed
+from boundloop.journal.base import Journal, OwnerRecord, check_run_id
+from boundloop.journal.lmdb import LmdbJournal
+from boundloop.loop import Estimator, Permit, RunSpec
+from boundloop.messages import Message, UserMessage, to_history
+from boundloop.policy import decide
+from boundloop.policy.budget import Budget, Price, Usage
+from boundloop.policy.replay import RunState
+from boundloop.results import RunResult
+from boundloop.tools import Tool
+
+
+def _tools(tools: Iterable[Any]) -> dict[str, Tool]:
+    out: dict[str, Tool] = {}
+    for item in tools:
+        if isinstance(item, Tool):
+            t = item
+        elif callable(item):
+            t = Tool(None, item)
+        else:
+            raise ConfigError(f"tools must be bl.Tool objects (or functions), got {item!r}")
+        if t.name in out:
+            raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique")
+        out[t.name] = t
+    return out
+
+
+def _process_start(pid: int) -> float:
+    """The process's start time in clock ticks since boot (0.0 when unknown), to tell a
+    live owner from a new process that reused its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return float(fields[19])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Runner:
+    """Runs LLM tool loops under hard budgets, journaling every intent before its effect.
+
+    Args:
+        journal: a journal directory (LMDB, created ``0700`` if absent) or a Journal.
+        read_only: deny every tool not marked ``read_only`` (a safe first rollout).
+        max_in_flight: runs in flight at once; more are ``rejected``.
+        supervisors: supervisor actors (runs are sharded across them by id).
+        model_threads, tool_threads: sizes of the thread pools for sync models and tools.
+        estimator: ``(history, model) -> Usage``, the reservation made before each step
+            (default: history JSON bytes / 4 input tokens plus the model's
+            ``max_output_tokens``).
+        price: a price table for metering cost.
+        sync: fsync every journal commit (ignored when a Journal is given).
+        clock: the clock (a FakeClock in tests of time).
+        lease_s: how long this runner's ownership of its runs lasts without renewal.
+    """
+
+    def __init__(self, journal: str | os.PathLike[str] | Journal = ".boundloop", *,
+                 read_only: bool = False, max_in_flight: int = 1000, supervisors: int = 2,
+                 model_threads: int = 32, tool_threads: int = 32,
+                 estimator: Estimator | None = None, price: Price | None = None,
+                 sync: bool = True, clock: Clock | None = None, lease_s: float = 30.0) -> None:
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
+                or max_in_flight < 1:
+            raise ConfigError(f"max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
+        if supervisors < 1:
+            raise ConfigError("supervisors must be at least 1")
+        self._owns_journal = not isinstance(journal, Journal)
+        self._journal: Journal = journal if isinstance(journal, Journal) else \
+            LmdbJournal(journal, sync=sync)
+        self.read_only = read_only
+        self.estimator = estimator
+        self.price = price
+        self.clock = clock or Clock()
+        self.lease_s = lease_s
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._tokens: dict[str, CancelToken] = {}
+        self._futures: dict[str, Future[RunResult]] = {}
+        self._lock = threading.Lock()
+        self._closed = False
+        self._register()
+        self._workers = Workers(model_threads, tool_threads)
+        self._executor = ExecutorActor.start(self._workers)
+        self._admission = AdmissionActor.start(self._journal, max_in_flight)
+        self._supervisors = [
+            SupervisorActor.start(self._journal, self._executor, self._workers, self._finished)
+            for _ in range(supervisors)]
+
+    # -- ownership ---------------------------------------------------------------------
+    def _register(self) -> None:
+        pid = os.getpid()
+        try:
+            self._journal.put_owner(OwnerRecord(self.owner, pid, socket.gethostname(),
+                                                _process_start(pid), time.time() + self.lease_s))
+        except JournalError:
+            pass  # a closed journal fails each run closed; nothing to own yet
+
+    @property
+    def journal(self) -> Journal:
+        """The journal this runner records to."""
+        return self._journal
+
+    # -- runs --------------------------------------------------------------------------
+    def run(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
+            history: Sequence[Any] | None = None, budget: Budget | None = None,
+            cancel: CancelToken | None = None, run_id: str | None = None,
+            permit: Permit | None = None) -> RunResult:
+        """Run to the end and return the RunResult (see ``submit`` for the arguments)."""
+        return self.submit(model, tools, prompt, history=history, budget=budget,
+                           cancel=cancel, run_id=run_id, permit=permit).result()
+
+    def submit(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
+               history: Sequence[Any] | None = None, budget: Budget | None = None,
+               cancel: CancelToken | None = None, run_id: str | None = None,
+               permit: Permit | None = None) -> Future[RunResult]:
+        """Start a run and return a Future of its RunResult.
+
+        Args:
+            model: ``(history, ctx) -> response`` (SPEC 2); sync or async.
+            tools: the tools the model may call.
+            prompt: the user's message (appended after ``history`` when both are given).
+            history: earlier messages (message Structs or their dicts).
+            budget: the run's limits (default ``bl.Budget()``).
+            cancel: a CancelToken to stop the run from outside.
+            run_id: the run's id (generated when None); must be new to the journal.
+            permit: ``(call, tool, ctx) -> True | False | reason`` per call.
+
+        Raises:
+            ConfigError: an argument is invalid (nothing is journaled then).
+        """
+        spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit)
+        return self._start(spec, 0)
+
+    def _spec(self, model: Any, tools: Sequence[Any], prompt: str | None,
+              history: Sequence[Any] | None, budget: Budget | None,
+              cancel: CancelToken | None, run_id: str | None, permit: Permit | None,
+              **parent: Any) -> RunSpec:
+        if self._closed:
+            raise RunnerClosed("this Runner is closed; create a new one")
+        if not callable(model):
+            raise ConfigError(f"model must be a callable (history, ctx) -> response, got {model!r}")
+        if budget is None:
+            budget = Budget()
+        elif not isinstance(budget, Budget):
+            raise ConfigError(f"budget must be a bl.Budget, got {budget!r}")
+        if cancel is not None and not isinstance(cancel, CancelToken):
+            raise ConfigError("cancel must be a bl.CancelToken")
+        if permit is not None and not callable(permit):
+            raise ConfigError("permit must be a callable (call, tool, ctx) -> bool | str")
+        if prompt is None and history is None:
+            raise ConfigError("give the run a prompt= or a history=")
+        if prompt is not None and not isinstance(prompt, str):
+            raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
+        messages: list[Message] = to_history(list(history)) if history is not None else []
+        if prompt is not None:
+            messages.append(UserMessage(prompt))
+        return RunSpec(
+            run_id=check_run_id(run_id) if run_id is not None else uuid.uuid4().hex,
+            model=model, tools=_tools(tools), budget=budget, history=messages,
+            cancel=cancel or CancelToken(), secret_key=self._journal.secret_key,
+            clock=self.clock, owner=self.owner, permit=permit, read_only=self.read_only,
+            price=self.price, estimator=self.estimator, **parent)
+
+    def _start(self, spec: RunSpec, seq: int, admit: bool = True) -> Future[RunResult]:
+        future: Future[RunResult] = Future()
+        if admit:
+            try:
+                reason = self._admission.ask(Admit(spec.run_id), block=True)
+            except JournalError as exc:
+                future.set_result(self._refused(spec, "journal_unavailable",
+                                                f"It could not check the run's id ({exc})."))
+                return future
+            if reason is not None:
+                future.set_result(self._refused(spec, "rejected", reason))
+                return future
+        with self._lock:
+            self._tokens[spec.run_id] = spec.cancel
+            self._futures[spec.run_id] = future
+        shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
+        self._supervisors[shard].tell(StartRun(spec, future, seq))
+        return future
+
+    def _refused(self, spec: RunSpec, status: str, detail: str) -> RunResult:
+        explanation = decide.explain(decide.Stop(status, detail=detail), spec.budget)
+        return RunResult(spec.run_id, status, None, explanation, 0, 0, list(spec.history), [],
+                         [], Usage(), 0.0)
+
+    def _finished(self, run_id: str) -> None:
+        with self._lock:
+            self._tokens.pop(run_id, None)
+            self._futures.pop(run_id, None)
+        self._admission.tell(Release(run_id))
+
+    def cancel(self, run_id: str, reason: str = "") -> bool:
+        """Ask a run in flight to stop; False when it is not in flight here."""
+        with self._lock:
+            token = self._tokens.get(run_id)
+        if token is None:
+            return False
+        token.cancel(reason)
+        return True
+
+    def state(self, run_id: str) -> RunState:
+        """The run's state rebuilt from its journal (raises UnknownRun)."""
+        from boundloop.policy.replay import replay
+
+        return replay(self._journal.events(run_id))
+
+    # -- lifecycle ---------------------------------------------------------------------
+    def close(self, timeout: float = 10.0) -> None:
+        """Cancel runs in flight, wait up to ``timeout`` for them, stop the actors and
+        close the journal (when the runner opened it)."""
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            tokens = list(self._tokens.values())
+            futures = list(self._futures.values())
+        for token in tokens:
+            token.cancel("the runner is closing")
+        deadline = time.monotonic() + timeout
+        for f in futures:
+            try:
+                f.exception(timeout=max(deadline - time.monotonic(), 0.01))
+            except Exception:  # noqa: BLE001 - closing goes on whatever a run did
+                pass
+        refs: list[pykka.ActorRef[Any]] = [*self._supervisors, self._admission, self._executor]
+        for ref in refs:
+            try:
+                ref.stop(timeout=5)
+            except pykka.ActorDeadError:
+                pass
+        self._workers.close()
+        try:
+            if not self._journal.closed:
+                self._journal.remove_owner(self.owner)
+        except JournalError:
+            pass
+        if self._owns_journal:
+            self._journal.close()
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+

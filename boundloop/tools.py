@@ -1,0 +1,217 @@
+"""Tools: ``@tool``, ``Tool``, ``ToolContext``, schema derivation and argument validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Collection
+from typing import Any
+
+import msgspec
+
+from boundloop.errors import ConfigError
+
+if typing.TYPE_CHECKING:
+    from boundloop.cancel import CancelToken
+    from boundloop.results import RunResult
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """How a failed attempt is retried, under the same idempotency key.
+
+    Args:
+        max_attempts: attempts in all, the first included (at least 1).
+        backoff_s: delay before the second attempt, doubled for each later one; a delay
+            that would end past the run's deadline is not taken (no retry then).
+        retry_on: exception types that are retried. A timeout counts as ``TimeoutError`` and
+            is retried only when the tool is idempotent or its ``reconcile`` says the
+            attempt did not take effect.
+    """
+
+    max_attempts: int = 3
+    backoff_s: float = 0.0
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
+                or self.max_attempts < 1:
+            raise ConfigError(f"RetryPolicy.max_attempts must be a whole number >= 1, "
+                              f"got {self.max_attempts!r}")
+        if isinstance(self.backoff_s, bool) or not isinstance(self.backoff_s, int | float) \
+                or self.backoff_s < 0:
+            raise ConfigError(f"RetryPolicy.backoff_s must be a number >= 0, got "
+                              f"{self.backoff_s!r}")
+        retry_on = self.retry_on
+        if isinstance(retry_on, type):
+            object.__setattr__(self, "retry_on", (retry_on,))
+        elif not all(isinstance(t, type) and issubclass(t, BaseException) for t in retry_on):
+            raise ConfigError("RetryPolicy.retry_on must be exception types")
+
+    def delay(self, attempt: int) -> float:
+        """The delay before ``attempt`` (2 or more)."""
+        return float(self.backoff_s) * float(2 ** max(attempt - 2, 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolContext:
+    """What a handler learns about the call it serves (declare a parameter of this type)."""
+
+    run_id: str
+    call_id: str
+    execution_id: str
+    idempotency_key: str
+    attempt: int
+    deadline: float | None
+    cancel: CancelToken
+    _run_child: Callable[..., RunResult] | None = dataclasses.field(default=None, repr=False)
+
+    def run_child(self, **kwargs: Any) -> RunResult:
+        """Run a nested run that draws on this run's budgets (SPEC 8); same arguments as
+        ``Runner.run``. Its limits are the smaller of what it asks and what is left here."""
+        if self._run_child is None:
+            raise ConfigError("this call's context cannot start child runs")
+        return self._run_child(**kwargs)
+
+
+class ArgumentError(ValueError):
+    """Arguments that do not match a tool's schema (becomes ``invalid_arguments``)."""
+
+
+def _context_param(hint: Any) -> bool:
+    return hint is ToolContext or (isinstance(hint, str) and hint.endswith("ToolContext"))
+
+
+class Tool:
+    """A tool the model may call: a handler, its argument schema, and how it may be run.
+
+    Args:
+        name: the name the model uses (default: the function's name).
+        handler: the function; sync or ``async def``. A parameter annotated ``ToolContext``
+            receives the call's context and is not part of the schema.
+        description: for the model (default: the docstring).
+        read_only: it changes nothing (a ``read_only`` Runner allows only these).
+        idempotent: running it twice with one idempotency key has the effect of once, so
+            recovery may retry it.
+        irreversible: its effect cannot be undone; an unknown outcome needs a person.
+        timeout_s: longest an attempt may run (also bounded by the run's deadline).
+        retry: a RetryPolicy, or None for a single attempt.
+        reconcile: ``(idempotency_key) -> result | None``: the action's result if it took
+            effect, None if it did not; raising means it cannot tell.
+        sensitive: argument or result field names to keep out of the journal in clear.
+    """
+
+    def __init__(self, name: str | None, handler: Callable[..., Any], *,
+                 description: str | None = None, read_only: bool = False,
+                 idempotent: bool = False, irreversible: bool = False,
+                 timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
+                 reconcile: Callable[[str], Any] | None = None,
+                 sensitive: Collection[str] = ()) -> None:
+        if not callable(handler):
+            raise ConfigError(f"a tool handler must be callable, got {handler!r}")
+        self.handler = handler
+        self.name: str = name or str(getattr(handler, "__name__", ""))
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError("a tool needs a non-empty name")
+        self.description = description if description is not None else \
+            inspect.cleandoc(handler.__doc__ or "")
+        if read_only and irreversible:
+            raise ConfigError(f"tool {self.name!r} cannot be both read_only and irreversible")
+        if timeout_s is not None and (isinstance(timeout_s, bool) or
+                                      not isinstance(timeout_s, int | float) or timeout_s <= 0):
+            raise ConfigError(f"tool {self.name!r}: timeout_s must be a number above 0 or None")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"tool {self.name!r}: retry must be a bl.RetryPolicy")
+        if reconcile is not None and not callable(reconcile):
+            raise ConfigError(f"tool {self.name!r}: reconcile must be callable")
+        self.read_only = read_only
+        self.idempotent = idempotent
+        self.irreversible = irreversible
+        self.timeout_s = None if timeout_s is None else float(timeout_s)
+        self.retry = retry
+        self.reconcile = reconcile
+        self.sensitive = frozenset(sensitive)
+        self.is_async = inspect.iscoroutinefunction(handler)
+        self._args_type, self._context_name = self._derive()
+        self.schema = self._schema()
+
+    def _derive(self) -> tuple[type[msgspec.Struct], str | None]:
+        try:
+            sig = inspect.signature(self.handler)
+            hints = typing.get_type_hints(self.handler, include_extras=True)
+        except (TypeError, ValueError, NameError) as exc:
+            raise ConfigError(f"tool {self.name!r}: cannot read the handler's signature "
+                              f"({exc})") from None
+        fields: list[Any] = []
+        context_name = None
+        for pname, param in sig.parameters.items():
+            hint = hints.get(pname, Any)
+            if _context_param(hint):
+                context_name = pname
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+                raise ConfigError(f"tool {self.name!r}: parameter {pname!r} must be a plain "
+                                  "named parameter so it can be given by name")
+            if param.default is param.empty:
+                fields.append((pname, hint))
+            else:
+                fields.append((pname, hint, param.default))
+        try:
+            args = msgspec.defstruct(f"{self.name}_arguments", fields, kw_only=True,
+                                     forbid_unknown_fields=True)
+            msgspec.json.schema(args)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"tool {self.name!r}: a parameter's type cannot be validated "
+                              f"({exc})") from None
+        return args, context_name
+
+    def _schema(self) -> dict[str, Any]:
+        full = msgspec.json.schema(self._args_type)
+        defs = full.get("$defs", {})
+        ref = full.get("$ref", "").rsplit("/", 1)[-1]
+        params = dict(defs.pop(ref, full))
+        params.pop("title", None)
+        if defs:
+            params["$defs"] = defs
+        return {"name": self.name, "description": self.description, "parameters": params}
+
+    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The handler's keyword arguments for ``arguments``.
+
+        Raises:
+            ArgumentError: they do not match the schema; the message says what is wrong.
+        """
+        try:
+            value = msgspec.convert(arguments, self._args_type)
+        except msgspec.ValidationError as exc:
+            raise ArgumentError(str(exc)) from None
+        return {f: getattr(value, f) for f in value.__struct_fields__}
+
+    def bind(self, kwargs: dict[str, Any], context: ToolContext) -> dict[str, Any]:
+        """``kwargs`` plus the context parameter, when the handler declares one."""
+        if self._context_name is None:
+            return kwargs
+        return {**kwargs, self._context_name: context}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the handler directly (handy in tests)."""
+        return self.handler(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"Tool({self.name!r})"
+
+
+def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
+         description: str | None = None, read_only: bool = False, idempotent: bool = False,
+         irreversible: bool = False, timeout_s: float | None = 60.0,
+         retry: RetryPolicy | None = None, reconcile: Callable[[str], Any] | None = None,
+         sensitive: Collection[str] = ()) -> Any:
+    """Make a Tool of a function; use bare (``@bl.tool``) or with options (``@bl.tool(...)``)."""
+
+    def wrap(f: Callable[..., Any]) -> Tool:
+        return Tool(name, f, description=description, read_only=read_only,
+                    idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
+                    retry=retry, reconcile=reconcile, sensitive=sensitive)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,21 @@
+"""Shared fixtures: a fresh journal directory and a runner on it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import boundloop as bl
+
+
+@pytest.fixture
+def journal_dir(tmp_path: Path) -> Path:
+    return tmp_path / "journal"
+
+
+@pytest.fixture
+def runner(journal_dir: Path) -> Iterator[bl.Runner]:
+    with bl.Runner(journal_dir) as r:
+        yield r
