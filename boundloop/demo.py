@@ -81,7 +81,7 @@ def run_demo(runner: Runner, on_result: Callable[[Scenario], None] | None = None
     """Run every scenario on ``runner`` and return their reports."""
     tools = _tools()
     tag = uuid.uuid4().hex[:6]
-    out = []
+    out: list[Scenario] = []
     for name, script, budget in SCENARIOS:
         run_id = f"demo-{tag}-{name.split()[0]}-{len(out) + 1}"
         result = runner.run(model=ScriptedModel(script), tools=tools, prompt=name,

@@ -104,7 +104,14 @@ class Outcome(msgspec.Struct):
     skipped: str | None = None
 
 
-Effect = Commit | InvokeModel | Dispatch
+class Reconcile(msgspec.Struct):
+    """Ask the tool's ``reconcile`` whether the action took effect; the reply is
+    ``(took_effect, result)`` with ``took_effect`` None when it cannot tell."""
+
+    planned: Planned
+
+
+Effect = Commit | InvokeModel | Dispatch | Reconcile
 
 
 # -- the run's fixed inputs ----------------------------------------------------------------
@@ -226,6 +233,13 @@ class _Driver:
             yield from self.commit()
         except JournalError as exc:
             return self.unavailable(f"It could not record the run's start ({exc}); nothing ran.")
+        if spec.resume is not None:
+            try:
+                stop = yield from self.settle()
+            except JournalError as exc:
+                stop = decide.Stop("journal_unavailable", detail=str(exc))
+            if stop is not None:
+                return (yield from self.finish(stop))
         while True:
             try:
                 stop = yield from self.round()
@@ -234,7 +248,63 @@ class _Driver:
             if stop is not None:
                 return (yield from self.finish(stop))
 
+    def settle(self) -> Generator[Effect, Any, decide.Stop | None]:
+        """Resolve what a crash left open, by the tools' own means (SPEC 6): reconcile, then
+        retry an idempotent tool under the same key; anything else goes to a person."""
+        spec, st = self.spec, self.state
+        review: list[str] = []
+        for rec in [r for r in st.calls.values() if r.open]:
+            tool = spec.tools.get(rec.tool)
+            if tool is None:
+                review.append(f"{rec.tool} {rec.execution_id} (tool not given to resume)")
+                continue
+            attempt = max(rec.attempt, 1)
+            planned = Planned(spec.run_id, rec.execution_id, rec.idempotency_key, rec.call_id,
+                              tool, {}, first_attempt=attempt + 1)
+            if tool.reconcile is not None:
+                took, value = yield Reconcile(planned)
+                if took is True:
+                    fields = self.result_fields(value)
+                    fields.pop("status", None)
+                    self.emit(ev.CallReconciled, execution_id=rec.execution_id, attempt=attempt,
+                              took_effect=True, **fields)
+                    continue
+                if took is False:
+                    self.emit(ev.CallReconciled, execution_id=rec.execution_id, attempt=attempt,
+                              took_effect=False)
+                    if not (tool.idempotent and not rec.redacted):
+                        continue
+            if not tool.idempotent or rec.redacted:
+                why = "its arguments were redacted" if rec.redacted else "it is not idempotent"
+                review.append(f"{rec.tool} {rec.execution_id} ({why} and cannot be reconciled)")
+                continue
+            try:
+                planned.kwargs = tool.validate(rec.arguments)
+            except ArgumentError as exc:
+                review.append(f"{rec.tool} {rec.execution_id} (arguments no longer valid: {exc})")
+                continue
+            if st.tool_calls >= self.budget.max_tool_calls or self.deadline_passed():
+                self.emit(ev.CallOutcomeUnknown, execution_id=rec.execution_id, attempt=attempt,
+                          content="the call's outcome is unknown and no budget is left to retry it")
+                continue
+            allowance = self.budget.max_tool_calls - st.tool_calls - 1
+            outcomes = yield Dispatch([planned], 1, self.deadline, spec.cancel, allowance,
+                                      self.clock, spec.run_child)
+            for outcome in outcomes:
+                if outcome.skipped:
+                    self.emit(ev.CallOutcomeUnknown, execution_id=rec.execution_id,
+                              attempt=attempt, content="the retry was not run: "
+                              f"{outcome.skipped}")
+                else:
+                    self.record(outcome)
+        if review:
+            return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(review) + ".")
+        if st.round_calls:
+            self.emit(ev.RoundCompleted, step=st.model_steps)
+        return None
+
     def unavailable(self, detail: str) -> RunResult:
+        """The result of a run the journal failed: it says so, and nothing more is written."""
         stop = decide.Stop("journal_unavailable", detail=detail)
         self.state.status = stop.status
         self.state.explanation = decide.explain(stop, self.budget)
@@ -254,6 +324,10 @@ class _Driver:
                 for r in lost])
 
     def finish(self, stop: decide.Stop) -> Generator[Effect, Any, RunResult]:
+        if stop.status == "journal_unavailable":
+            # A write already failed: write nothing more. The run stays open in the journal,
+            # as its durable events left it, for recovery to resolve and resume.
+            return self.unavailable(stop.detail)
         explanation = decide.explain(stop, self.budget)
         st = self.state
         self.emit(ev.RunFinished, status=stop.status, exhausted_limit=stop.limit,

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 
 from boundloop.messages import Message
 from boundloop.policy.budget import Usage
+
+if TYPE_CHECKING:
+    from boundloop.policy.replay import RunState
 
 
 class CompletedAction(msgspec.Struct, frozen=True):
@@ -48,3 +53,15 @@ class RunResult(msgspec.Struct, frozen=True):
     unresolved: list[UnresolvedAction]
     usage: Usage
     elapsed_s: float
+
+
+class RecoveredRun(msgspec.Struct, frozen=True):
+    """A run left open by a runner that is gone, now owned by the runner that recovered it.
+
+    ``state`` is rebuilt by the replay fold; ``unresolved`` lists its actions whose outcome
+    is not known. Nothing was executed to find them.
+    """
+
+    run_id: str
+    state: RunState
+    unresolved: list[UnresolvedAction]

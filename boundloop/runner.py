@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import socket
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 
 import pykka
 
+from boundloop import events as ev
 from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
@@ -21,15 +23,22 @@ from boundloop.actors.supervisor import SupervisorActor
 from boundloop.actors.workers import Workers
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
-from boundloop.errors import ConfigError, JournalError, RunnerClosed
+from boundloop.errors import (
+    ConfigError,
+    JournalError,
+    RecoveryError,
+    RunnerClosed,
+    SequenceConflict,
+    UnknownRun,
+)
 from boundloop.journal.base import Journal, OwnerRecord, check_run_id
 from boundloop.journal.lmdb import LmdbJournal
 from boundloop.loop import Estimator, Permit, RunSpec
 from boundloop.messages import Message, UserMessage, to_history
 from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Usage
-from boundloop.policy.replay import RunState
-from boundloop.results import RunResult
+from boundloop.policy.replay import RunState, apply, replay
+from boundloop.results import RecoveredRun, RunResult
 from boundloop.tools import Tool
 
 
@@ -46,6 +55,16 @@ def _tools(tools: Iterable[Any]) -> dict[str, Tool]:
             raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique")
         out[t.name] = t
     return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _process_start(pid: int) -> float:
@@ -101,6 +120,9 @@ class Runner:
         self._lock = threading.Lock()
         self._closed = False
         self._register()
+        self._stop_renewing = threading.Event()
+        self._renewer = threading.Thread(target=self._renew, name="boundloop-lease", daemon=True)
+        self._renewer.start()
         self._workers = Workers(model_threads, tool_threads)
         self._executor = ExecutorActor.start(self._workers)
         self._admission = AdmissionActor.start(self._journal, max_in_flight)
@@ -116,6 +138,135 @@ class Runner:
                                                 _process_start(pid), time.time() + self.lease_s))
         except JournalError:
             pass  # a closed journal fails each run closed; nothing to own yet
+
+    def _renew(self) -> None:
+        # Ownership across hosts rests on the lease: renew it well before it runs out.
+        while not self._stop_renewing.wait(self.lease_s / 3):
+            self._register()
+
+    def _owner_gone(self, owner: str, owners: dict[str, OwnerRecord]) -> bool:
+        """True when ``owner`` can no longer drive its runs."""
+        if owner == self.owner:
+            return False
+        record = owners.get(owner)
+        if record is None:
+            return True
+        if record.host == socket.gethostname():
+            # On this host we can ask the kernel; a reused pid has another start time.
+            return not _alive(record.pid) or _process_start(record.pid) != record.started
+        return record.lease_until < time.time()
+
+    def _claim(self, run_id: str, seq: int, state: RunState) -> RunState:
+        event = ev.OwnerClaimed(run_id=run_id, ts=self.clock.time(), elapsed_s=state.elapsed_s,
+                                owner=self.owner)
+        self._journal.append(run_id, seq, [event])
+        return apply(state, event)
+
+    def _load(self, run_id: str) -> tuple[RunState, int]:
+        pairs = list(self._journal.read(run_id))
+        if not pairs:
+            raise UnknownRun(f"no run {run_id!r} in this journal; `boundloop runs` lists them")
+        return replay(e for _, e in pairs), pairs[-1][0]
+
+    # -- recovery ----------------------------------------------------------------------
+    def recover(self) -> list[RecoveredRun]:
+        """Take ownership of every open run whose owner is gone, and report what each left
+        unresolved. Executes nothing; ``resume`` resolves and continues a run.
+
+        Two runners recovering at once never both take a run: a claim is an append at the
+        run's last sequence number, and only one such append can succeed.
+        """
+        owners = self._journal.owners()
+        out: list[RecoveredRun] = []
+        for run_id in self._journal.open_runs():
+            with self._lock:
+                if run_id in self._tokens:
+                    continue
+            info = self._journal.find(run_id)
+            if info is None or not (info.owner == self.owner
+                                    or self._owner_gone(info.owner, owners)):
+                continue
+            state, seq = self._load(run_id)
+            if state.finished:
+                continue
+            if state.owner != self.owner:
+                try:
+                    state = self._claim(run_id, seq, state)
+                except SequenceConflict:
+                    continue  # another runner claimed it first, or its owner moved on
+            out.append(RecoveredRun(run_id, state, state.open_actions))
+        return out
+
+    def resume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
+               cancel: CancelToken | None = None, permit: Permit | None = None) -> RunResult:
+        """Resolve what a recovered (or reviewed) run left open, then continue it with the
+        budgets it had left; returns its RunResult (``needs_review`` when a person must
+        resolve an action first, see ``resolve``).
+
+        Raises:
+            UnknownRun: no such run.
+            RecoveryError: the run finished, or a live runner owns it.
+        """
+        return self.submit_resume(run_id, model, tools, cancel=cancel, permit=permit).result()
+
+    def submit_resume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
+                      cancel: CancelToken | None = None,
+                      permit: Permit | None = None) -> Future[RunResult]:
+        """``resume``, returning a Future instead of waiting."""
+        with self._lock:
+            if run_id in self._tokens:
+                raise RecoveryError(f"run {run_id!r} is in flight on this runner")
+        state, seq = self._load(run_id)
+        if state.finished and state.status != "needs_review":
+            raise RecoveryError(f"run {run_id!r} finished ({state.status}); only open runs and "
+                                "runs that need review can be resumed")
+        if state.owner != self.owner:
+            if not state.finished and not self._owner_gone(state.owner,
+                                                           self._journal.owners()):
+                raise RecoveryError(f"run {run_id!r} is owned by the live runner "
+                                    f"{state.owner!r}; resume it there")
+            try:
+                state = self._claim(run_id, seq, state)
+            except SequenceConflict:
+                raise RecoveryError(f"run {run_id!r} was claimed by another runner") from None
+            seq += 1
+        spec = self._spec(model, tools, None, None, state.budget, cancel, run_id, permit,
+                          resume=state)
+        return self._start(spec, seq, resuming=True)
+
+    def resolve(self, run_id: str, execution_id: str, outcome: str, note: str = "", *,
+                by: str | None = None) -> RunState:
+        """Record a person's decision on an unresolved action: ``succeeded`` (it took
+        effect), ``failed`` (it did not) or ``abandoned`` (nobody can tell; it stays
+        flagged). Returns the run's state after it; ``resume`` continues the run.
+
+        Raises:
+            ConfigError: ``outcome`` is not one of the three.
+            UnknownRun: no such run.
+            RecoveryError: no such action, its outcome is already known, or the run is in
+                flight.
+        """
+        if outcome not in ("succeeded", "failed", "abandoned"):
+            raise ConfigError(f"outcome must be succeeded, failed or abandoned, not {outcome!r}")
+        with self._lock:
+            if run_id in self._tokens:
+                raise RecoveryError(f"run {run_id!r} is in flight; cancel it first")
+        state, seq = self._load(run_id)
+        record = state.calls.get(execution_id)
+        if record is None:
+            raise RecoveryError(f"run {run_id!r} has no action {execution_id!r}; "
+                                f"`boundloop show {run_id}` lists them")
+        if not record.open:
+            raise RecoveryError(f"action {execution_id!r} is not unresolved (its result is "
+                                f"{record.status})")
+        who = by or f"{getpass.getuser()}@{socket.gethostname()}"
+        event = ev.CallResolved(run_id=run_id, ts=self.clock.time(), elapsed_s=state.elapsed_s,
+                                execution_id=execution_id, outcome=outcome, note=note, by=who)
+        try:
+            self._journal.append(run_id, seq, [event])
+        except SequenceConflict:
+            raise RecoveryError(f"run {run_id!r} changed while resolving; try again") from None
+        return apply(state, event)
 
     @property
     def journal(self) -> Journal:
@@ -156,7 +307,7 @@ class Runner:
     def _spec(self, model: Any, tools: Sequence[Any], prompt: str | None,
               history: Sequence[Any] | None, budget: Budget | None,
               cancel: CancelToken | None, run_id: str | None, permit: Permit | None,
-              **parent: Any) -> RunSpec:
+              **extra: Any) -> RunSpec:
         if self._closed:
             raise RunnerClosed("this Runner is closed; create a new one")
         if not callable(model):
@@ -169,7 +320,7 @@ class Runner:
             raise ConfigError("cancel must be a bl.CancelToken")
         if permit is not None and not callable(permit):
             raise ConfigError("permit must be a callable (call, tool, ctx) -> bool | str")
-        if prompt is None and history is None:
+        if prompt is None and history is None and "resume" not in extra:
             raise ConfigError("give the run a prompt= or a history=")
         if prompt is not None and not isinstance(prompt, str):
             raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
@@ -181,20 +332,19 @@ class Runner:
             model=model, tools=_tools(tools), budget=budget, history=messages,
             cancel=cancel or CancelToken(), secret_key=self._journal.secret_key,
             clock=self.clock, owner=self.owner, permit=permit, read_only=self.read_only,
-            price=self.price, estimator=self.estimator, **parent)
+            price=self.price, estimator=self.estimator, **extra)
 
-    def _start(self, spec: RunSpec, seq: int, admit: bool = True) -> Future[RunResult]:
+    def _start(self, spec: RunSpec, seq: int, resuming: bool = False) -> Future[RunResult]:
         future: Future[RunResult] = Future()
-        if admit:
-            try:
-                reason = self._admission.ask(Admit(spec.run_id), block=True)
-            except JournalError as exc:
-                future.set_result(self._refused(spec, "journal_unavailable",
-                                                f"It could not check the run's id ({exc})."))
-                return future
-            if reason is not None:
-                future.set_result(self._refused(spec, "rejected", reason))
-                return future
+        try:
+            reason = self._admission.ask(Admit(spec.run_id, resuming), block=True)
+        except JournalError as exc:
+            future.set_result(self._refused(spec, "journal_unavailable",
+                                            f"It could not check the run's id ({exc})."))
+            return future
+        if reason is not None:
+            future.set_result(self._refused(spec, "rejected", reason))
+            return future
         with self._lock:
             self._tokens[spec.run_id] = spec.cancel
             self._futures[spec.run_id] = future
@@ -224,9 +374,7 @@ class Runner:
 
     def state(self, run_id: str) -> RunState:
         """The run's state rebuilt from its journal (raises UnknownRun)."""
-        from boundloop.policy.replay import replay
-
-        return replay(self._journal.events(run_id))
+        return self._load(run_id)[0]
 
     # -- lifecycle ---------------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:
@@ -235,6 +383,7 @@ class Runner:
         if self._closed:
             return
         self._closed = True
+        self._stop_renewing.set()
         with self._lock:
             tokens = list(self._tokens.values())
             futures = list(self._futures.values())

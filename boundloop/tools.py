@@ -202,11 +202,22 @@ class Tool:
         return f"Tool({self.name!r})"
 
 
+@typing.overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@typing.overload
+def tool(*, name: str | None = None, description: str | None = None, read_only: bool = False,
+         idempotent: bool = False, irreversible: bool = False, timeout_s: float | None = 60.0,
+         retry: RetryPolicy | None = None, reconcile: Callable[[str], Any] | None = None,
+         sensitive: Collection[str] = ()) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
          description: str | None = None, read_only: bool = False, idempotent: bool = False,
          irreversible: bool = False, timeout_s: float | None = 60.0,
          retry: RetryPolicy | None = None, reconcile: Callable[[str], Any] | None = None,
-         sensitive: Collection[str] = ()) -> Any:
+         sensitive: Collection[str] = ()) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a Tool of a function; use bare (``@bl.tool``) or with options (``@bl.tool(...)``)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:

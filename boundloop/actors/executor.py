@@ -10,7 +10,7 @@ import pykka
 
 from boundloop.actors.messages import DispatchBatch
 from boundloop.actors.workers import Workers
-from boundloop.loop import Attempt, Dispatch, Outcome, Planned
+from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
 from boundloop.tools import ToolContext
 
 
@@ -22,15 +22,20 @@ class ExecutorActor(pykka.ThreadingActor):
         self.workers = workers
 
     def on_receive(self, message: Any) -> Any:
+        future: Any
         match message:
-            case DispatchBatch(dispatch=dispatch, reply=reply):
+            case DispatchBatch(dispatch=Reconcile(planned=planned), reply=reply):
+                future = self.workers.spawn(_reconcile(self.workers, planned))
+            case DispatchBatch(dispatch=Dispatch() as dispatch, reply=reply):
                 future = self.workers.spawn(run_batch(self.workers, dispatch))
+            case _:
+                return None
 
-                def done(f: Any) -> None:
-                    exc = f.exception()
-                    reply(None if exc else f.result(), exc)
+        def done(f: Any) -> None:
+            exc = f.exception()
+            reply(None if exc else f.result(), exc)
 
-                future.add_done_callback(done)
+        future.add_done_callback(done)
         return None
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from boundloop.loop import Dispatch, RunSpec
+from boundloop.loop import Dispatch, Reconcile, RunSpec
 from boundloop.results import RunResult
 
 
@@ -32,7 +32,7 @@ class EffectDone(msgspec.Struct):
 class DispatchBatch(msgspec.Struct):
     """Executor: run these calls, then call ``reply`` with their outcomes (or an error)."""
 
-    dispatch: Dispatch
+    dispatch: Dispatch | Reconcile
     reply: Callable[[Any, BaseException | None], None]
 
 
@@ -40,6 +40,7 @@ class Admit(msgspec.Struct):
     """Admission: may this run start? The answer is None, or why not."""
 
     run_id: str
+    resuming: bool = False
 
 
 class Release(msgspec.Struct):

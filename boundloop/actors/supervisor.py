@@ -18,7 +18,7 @@ import pykka
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers
 from boundloop.journal.base import Journal
-from boundloop.loop import Commit, Dispatch, Effect, InvokeModel, ModelReply, drive
+from boundloop.loop import Commit, Dispatch, Effect, InvokeModel, ModelReply, Reconcile, drive
 from boundloop.results import RunResult
 
 
@@ -98,7 +98,7 @@ class SupervisorActor(pykka.ThreadingActor):
                     me.tell(EffectDone(run_id, reply))
 
                 future.add_done_callback(responded)
-            case Dispatch():
+            case Dispatch() | Reconcile():
                 def completed(outcomes: Any, err: BaseException | None) -> None:
                     me.tell(EffectDone(run_id, outcomes, err))
 
