@@ -150,6 +150,9 @@ class Runner:
             return False
         record = owners.get(owner)
         if record is None:
+            # It may have registered since ``owners`` was read: ask the journal again.
+            record = self._journal.owners().get(owner)
+        if record is None:
             return True
         if record.host == socket.gethostname():
             # On this host we can ask the kernel; a reused pid has another start time.
@@ -190,6 +193,8 @@ class Runner:
             if state.finished:
                 continue
             if state.owner != self.owner:
+                if not self._owner_gone(state.owner, owners):
+                    continue  # claimed by a live runner since the index was read
                 try:
                     state = self._claim(run_id, seq, state)
                 except SequenceConflict:

@@ -7,6 +7,7 @@ Readers use their own read transactions from any thread.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import secrets
@@ -20,7 +21,7 @@ import lmdb
 import msgspec
 
 from boundloop import events as ev
-from boundloop.errors import ConfigError, JournalUnavailable, SequenceConflict
+from boundloop.errors import ConfigError, JournalCorrupt, JournalUnavailable, SequenceConflict
 from boundloop.journal import codec
 from boundloop.journal.base import Done, Journal, OwnerRecord, RunInfo, check_run_id
 
@@ -31,6 +32,40 @@ _owner_dec = msgspec.msgpack.Decoder(OwnerRecord)
 KEY_FILE = "redaction.key"
 #: Largest number of queued appends folded into one transaction.
 MAX_BATCH = 4096
+
+
+class _Gate:
+    """Many holders share it; one may hold it alone (to resize the map)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._shared -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._exclusive)
+            self._exclusive = True
+            self._cond.wait_for(lambda: self._shared == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive = False
+                self._cond.notify_all()
 
 
 def _ekey(run_id: str, seq: int) -> bytes:
@@ -50,19 +85,21 @@ class LmdbJournal(Journal):
     Args:
         path: the journal directory.
         sync: fsync every commit (the default; False trades durability for speed).
-        map_size: the largest the data file may grow, in bytes (sparse on Linux).
+        map_size: the initial map size in bytes; it doubles when the data nears it.
+        max_map_size: the map never grows past this; a full journal fails closed.
         max_readers: concurrent read transactions across every process sharing the journal.
         create: create the directory when it does not exist.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, sync: bool = True,
-                 map_size: int = 16 << 30, max_readers: int = 1024, create: bool = True) -> None:
+                 map_size: int = 1 << 30, max_map_size: int = 1 << 40,
+                 max_readers: int = 1024, create: bool = True) -> None:
         self.path = Path(path)
         if not self.path.exists():
             if not create:
                 raise JournalUnavailable(f"no journal at {self.path}; run a command that "
                                          "creates one, or pass the right --journal")
-            self.path.mkdir(mode=0o700, parents=True)
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         elif not self.path.is_dir():
             raise ConfigError(f"{self.path} is not a directory; a journal is a directory")
         os.chmod(self.path, 0o700)
@@ -82,6 +119,8 @@ class LmdbJournal(Journal):
         self._meta = self._env.open_db(b"meta")
         for name in os.listdir(self.path):
             os.chmod(self.path / name, 0o600)
+        self._max_map_size = max(max_map_size, map_size)
+        self._gate = _Gate()
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
@@ -93,13 +132,26 @@ class LmdbJournal(Journal):
     # -- keys and lifecycle ------------------------------------------------------------
     def _load_key(self) -> bytes:
         path = self.path / KEY_FILE
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return path.read_bytes()
-        with os.fdopen(fd, "wb") as f:
-            f.write(secrets.token_bytes(32))
-        return path.read_bytes()
+        if not path.exists():
+            # Write it whole under a private name, then link it into place: a process
+            # opening the journal at the same moment never reads a half-written key.
+            tmp = self.path / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        key = path.read_bytes()
+        if len(key) != 32:
+            raise JournalCorrupt(f"{path} is not a 32-byte key; restore it from a backup "
+                                 "(redacted digests depend on it)")
+        return key
 
     @property
     def secret_key(self) -> bytes:
@@ -167,14 +219,50 @@ class LmdbJournal(Journal):
             if req is not None:
                 req.done(JournalUnavailable("the journal was closed before this append"))
 
+    # -- map size ------------------------------------------------------------------------
+    def _used_fraction(self) -> float:
+        info = self._env.info()
+        return float((info["last_pgno"] + 1) * self._env.stat()["psize"]) / info["map_size"]
+
+    def _grow(self) -> bool:
+        """Double the map (up to max_map_size); False when it cannot grow. Waits for this
+        process's readers to finish, as LMDB requires."""
+        size = self._env.info()["map_size"]
+        if size >= self._max_map_size:
+            return False
+        with self._gate.exclusive():
+            self._env.set_mapsize(min(size * 2, self._max_map_size))
+        return True
+
+    @contextlib.contextmanager
+    def _reading(self, db: Any = None) -> Iterator[Any]:
+        with self._gate.shared():
+            try:
+                txn = self._env.begin(db=db)
+            except lmdb.MapResizedError:
+                # Another process grew the map: adopt its size, then read.
+                self._env.set_mapsize(0)
+                txn = self._env.begin(db=db)
+            with txn:
+                yield txn
+
     def _commit(self, batch: list[_Request]) -> None:
         outcomes: list[BaseException | None] = []
         try:
             if self._closed:
                 raise JournalUnavailable(f"the journal at {self.path} is closed")
-            with self._env.begin(write=True) as txn:
-                for req in batch:
-                    outcomes.append(self._append_in(txn, req))
+            if self._used_fraction() > 0.8:
+                self._grow()  # before it is full, so a full map is the rare path
+            for tries in range(8):
+                outcomes = []
+                try:
+                    with self._begin_write() as txn:
+                        for req in batch:
+                            outcomes.append(self._append_in(txn, req))
+                    break
+                except lmdb.MapFullError:
+                    if tries == 7 or not self._grow():
+                        raise
         except lmdb.MapFullError:
             err: BaseException = JournalUnavailable(
                 f"the journal at {self.path} is full; prune finished runs "
@@ -232,7 +320,7 @@ class LmdbJournal(Journal):
         self._usable()
         prefix = run_id.encode() + _SEP
         out: list[tuple[int, ev.Event]] = []
-        with self._env.begin(db=self._events) as txn:
+        with self._reading(self._events) as txn:
             cur = txn.cursor()
             if cur.set_range(_ekey(run_id, after + 1)):
                 for key, value in cur:
@@ -245,20 +333,20 @@ class LmdbJournal(Journal):
         self._usable()
         if not isinstance(run_id, str) or not run_id or "\x00" in run_id:
             return None
-        with self._env.begin(db=self._runs) as txn:
+        with self._reading(self._runs) as txn:
             raw = txn.get(run_id.encode())
         return None if raw is None else _info_dec.decode(raw)
 
     def runs(self) -> Iterator[str]:
         self._usable()
-        with self._env.begin(db=self._order) as txn:
+        with self._reading(self._order) as txn:
             ids = [v.decode() for _, v in txn.cursor()]
         return iter(ids)
 
     def infos(self) -> list[RunInfo]:
         """Every run's index entry, oldest first."""
         self._usable()
-        with self._env.begin() as txn:
+        with self._reading() as txn:
             out = []
             for _, rid in txn.cursor(db=self._order):
                 raw = txn.get(rid, db=self._runs)
@@ -268,11 +356,18 @@ class LmdbJournal(Journal):
 
     def open_runs(self) -> Iterator[str]:
         self._usable()
-        with self._env.begin(db=self._open) as txn:
+        with self._reading(self._open) as txn:
             ids = [k.decode() for k, _ in txn.cursor()]
         return iter(ids)
 
     # -- owners ------------------------------------------------------------------------
+    def _begin_write(self) -> Any:
+        try:
+            return self._env.begin(write=True)
+        except lmdb.MapResizedError:
+            self._env.set_mapsize(0)
+            return self._env.begin(write=True)
+
     def _write(self, fn: Any) -> Any:
         """Run ``fn(txn)`` in its own durable write transaction (rare, small writes).
 
@@ -280,7 +375,7 @@ class LmdbJournal(Journal):
         """
         self._usable()
         try:
-            with self._env.begin(write=True) as txn:
+            with self._gate.shared(), self._begin_write() as txn:
                 return fn(txn)
         except lmdb.Error as exc:
             raise JournalUnavailable(f"journal write failed: {exc}") from None
@@ -294,7 +389,7 @@ class LmdbJournal(Journal):
 
     def owners(self) -> dict[str, OwnerRecord]:
         self._usable()
-        with self._env.begin(db=self._owners) as txn:
+        with self._reading(self._owners) as txn:
             return {k.decode(): _owner_dec.decode(v) for k, v in txn.cursor()}
 
     # -- retention ---------------------------------------------------------------------
