@@ -33,13 +33,15 @@ from boundloop.messages import (
 from boundloop.models.scripted import ScriptedModel, ScriptExhausted
 from boundloop.policy.budget import Budget, Price, Remaining, Usage
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
-from boundloop.results import CompletedAction, RunResult, UnresolvedAction
+from boundloop.results import CompletedAction, RecoveredRun, RunResult, UnresolvedAction
 from boundloop.runner import Runner
 from boundloop.tools import RetryPolicy, Tool, ToolContext, tool
 
 __all__ = [
     # running
     "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken",
+    # recovery
+    "RecoveredRun",
     # budgets and metering
     "Budget", "Remaining", "Usage", "Price",
     # models and messages

@@ -1,27 +1,134 @@
-"""The ``boundloop`` command: a thin layer over the library (SPEC 10)."""
+"""The ``boundloop`` command: a thin layer over the library (SPEC 10).
+
+Every command reads the journal from ``--journal DIR``, else ``$BOUNDLOOP_JOURNAL``, else
+``./.boundloop``. The work is done by :mod:`boundloop.inspect` (and the Runner); this module
+only parses arguments and prints. ``click`` and ``rich`` are imported here, never by
+``import boundloop``.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
+import msgspec
 
-from boundloop.errors import BoundloopError
+from boundloop.errors import BoundloopError, JournalError, UnknownRun
+
+EXIT_OK = 0
+#: ``replay`` found the fold disagreeing with RunFinished, or ``--check`` found a divergence.
+EXIT_MISMATCH = 1
+#: Bad input: an unknown command or option, a bad duration or limit.
+EXIT_USAGE = 2
+#: No run with that id in the journal.
+EXIT_UNKNOWN_RUN = 3
+#: The journal is missing, locked, unreadable or damaged.
+EXIT_JOURNAL = 4
+#: A bug in boundloop (the message says how to see the traceback).
+EXIT_INTERNAL = 70
+
+EXIT_CODES = (
+    "Exit codes: 0 ok; 1 replay found a mismatch or --check a divergence; 2 bad input; "
+    "3 unknown run id; 4 journal missing, locked or unreadable; 70 internal error."
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def journal_dir(value: str | None) -> str:
     """``--journal``, else ``$BOUNDLOOP_JOURNAL``, else ``./.boundloop``."""
-    return value or os.environ.get("BOUNDLOOP_JOURNAL") or ".boundloop"
+    from boundloop.inspect import journal_dir as resolve
+
+    return resolve(value)
 
 
-journal_option = click.option("--journal", "journal", default=None, metavar="DIR",
-                              help="Journal directory (default: $BOUNDLOOP_JOURNAL or ./.boundloop).")
+journal_option = click.option(
+    "--journal", "journal", default=None, metavar="DIR",
+    help="Journal directory (default: $BOUNDLOOP_JOURNAL or ./.boundloop).")
 
 
-@click.group()
+def json_option(what: str) -> Callable[[F], F]:
+    """``--json``: print ``what`` as JSON instead of a table."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"Print {what} as JSON.")
+
+
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[float]
+else:  # click < 8.3: ParamType is not generic
+    _ParamType = click.ParamType
+
+
+class Duration(_ParamType):
+    """A duration such as ``30d``, ``12h``, ``1h30m`` or ``90s`` (in seconds)."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        from boundloop.inspect import parse_duration
+
+        try:
+            return parse_duration(str(value))
+        except BoundloopError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+DURATION = Duration()
+
+
+# -- output helpers ------------------------------------------------------------------------
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(msgspec.to_builtins(value), indent=2, ensure_ascii=False))
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    # Pipes get a fixed, generous width so tables stay readable in logs and CI.
+    return Console(width=max(Console().width, 140), highlight=False)
+
+
+def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
+           no_wrap: Sequence[int] = (0,)) -> Any:
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=title, title_justify="left")
+    for i, col in enumerate(columns):
+        table.add_column(col, overflow="fold", no_wrap=i in no_wrap)
+    for row in rows:
+        table.add_row(*(Text("-" if cell is None or cell == "" else str(cell)) for cell in row))
+    return table
+
+
+def _when(ts: float | None) -> str:
+    return "-" if not ts else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _secs(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value < 1:
+        return f"{value * 1000:.0f}ms"
+    if value < 120:
+        return f"{value:.1f}s"
+    return f"{value / 60:.0f}m"
+
+
+def _tokens(usage: Any) -> str:
+    text = f"{usage.total_tokens} tok"
+    return text if usage.cost is None else f"{text}, cost {usage.cost:.4g}"
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
 def cli() -> None:
     """boundloop: LLM tool loops under hard budgets, on a durable event journal."""
 
@@ -50,16 +157,319 @@ def demo(journal: str | None, as_json: bool) -> None:
     for col in ("scenario", "status", "limit", "model steps", "tool calls"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["scenario"], r["status"], r["limit"] or "-", str(r["model_steps"]),
-                      str(r["tool_calls"]))
+        table.add_row(str(r["scenario"]), str(r["status"]), str(r["limit"] or "-"),
+                      str(r["model_steps"]), str(r["tool_calls"]))
     Console(width=max(Console().width, 100)).print(table)
     click.echo(f"journal: {os.path.abspath(journal_dir(journal))}")
 
 
-def main(argv: list[str] | None = None) -> Any:
+# -- runs ----------------------------------------------------------------------------------
+@cli.command()
+@journal_option
+@json_option("the runs")
+@click.option("--status", "statuses", multiple=True, metavar="STATUS",
+              help="Only runs with this status (repeatable): a SPEC status, or running / "
+                   "interrupted for runs that have not finished.")
+@click.option("--limit-hit", "limits", multiple=True, metavar="LIMIT",
+              help="Only runs stopped by this limit (repeatable; 'any' for every limit).")
+@click.option("--since", type=DURATION, default=None, metavar="AGE",
+              help="Only runs started within AGE (e.g. 2h, 7d).")
+@click.option("--older-than", type=DURATION, default=None, metavar="AGE",
+              help="Only runs started more than AGE ago.")
+@click.option("-n", "--last", type=click.IntRange(min=1), default=None, metavar="N",
+              help="At most N runs (the newest).")
+def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: tuple[str, ...],
+         since: float | None, older_than: float | None, last: int | None) -> None:
+    """List runs, newest first."""
+    from boundloop.inspect import LIMITS, STATUSES, list_runs, open_journal
+
+    for s in statuses:
+        if s not in STATUSES:
+            raise click.BadParameter(f"{s!r} is not a status ({', '.join(STATUSES)})",
+                                     param_hint="'--status'")
+    for lim in limits:
+        if lim not in (*LIMITS, "any"):
+            raise click.BadParameter(f"{lim!r} is not a limit ({', '.join(LIMITS)}, any)",
+                                     param_hint="'--limit-hit'")
+    with open_journal(journal) as j:
+        found = list_runs(j, status=statuses, limit_hit=limits, since_s=since,
+                          older_than_s=older_than, last=last)
+    if as_json:
+        _echo_json(found)
+        return
+    if not found:
+        click.echo("no runs match" if (statuses or limits or since or older_than)
+                   else "no runs in this journal")
+        return
+    rows = [(r.run_id, r.status, r.exhausted_limit, r.model_steps, r.tool_calls,
+             r.unresolved or "", _when(r.created_ts), _secs(r.elapsed_s)) for r in found]
+    _console().print(_table(f"{len(found)} run{'s' if len(found) != 1 else ''}, newest first",
+                            ("run id", "status", "limit", "steps", "calls", "unresolved",
+                             "started", "took"), rows))
+
+
+# -- show ----------------------------------------------------------------------------------
+@cli.command()
+@journal_option
+@json_option("the timeline")
+@click.argument("run_id")
+def show(journal: str | None, as_json: bool, run_id: str) -> None:
+    """Show a run's timeline: what it did, and why it stopped."""
+    from boundloop.inspect import open_journal, read_events, timeline
+
+    with open_journal(journal) as j:
+        tl = timeline(read_events(j, run_id))
+    if as_json:
+        _echo_json(tl)
+        return
+    b = tl.budget
+    rows = []
+    for r in tl.rows:
+        cost = "" if r.usage.cost is None else f" ${r.usage.cost:.4g}"
+        after = f"{r.model_steps}/{b.max_model_steps} {r.tool_calls}/{b.max_tool_calls} " \
+                f"{r.usage.total_tokens}{cost}"
+        rows.append((r.seq, f"+{r.offset_s:.3f}s", r.step, r.event, r.call_id, r.tool,
+                     r.decision, r.outcome, _secs(r.latency_s) if r.latency_s else None,
+                     r.detail, after))
+    console = _console()
+    table = _table(f"run {tl.run_id}",
+                   ("seq", "time", "step", "event", "call", "tool", "decision", "outcome",
+                    "latency", "detail", "budget after"), rows,
+                   no_wrap=(0, 1, 3, 4, 5, 6, 7, 8, 10))
+    table.caption = "budget after: model steps used/max, tool calls used/max, tokens"
+    console.print(table)
+    limit = f" ({tl.exhausted_limit})" if tl.exhausted_limit else ""
+    status = tl.status if tl.finished else f"{tl.status} (no RunFinished event yet)"
+    lines = [f"status: {status}{limit}",
+             f"explanation: {tl.explanation or '-'}",
+             f"model steps: {tl.model_steps}/{b.max_model_steps}, tool calls: "
+             f"{tl.tool_calls}/{b.max_tool_calls}, usage: {_tokens(tl.usage)}, "
+             f"elapsed: {_secs(tl.elapsed_s)}"]
+    if tl.parent_run_id:
+        lines.append(f"parent run: {tl.parent_run_id}")
+    for line in lines:
+        console.print(line, markup=False)
+    if tl.completed:
+        console.print(_table("completed actions", ("call", "tool", "result", "attempts"),
+                             [(c.call_id, c.tool, c.status, c.attempts) for c in tl.completed]))
+    else:
+        console.print("completed actions: none", markup=False)
+    if tl.unresolved:
+        console.print(_table("unresolved actions", ("call", "tool", "execution id", "attempt",
+                                                     "phase"),
+                             [(u.call_id, u.tool, u.execution_id, u.attempt, u.phase)
+                              for u in tl.unresolved]))
+    else:
+        console.print("unresolved actions: none", markup=False)
+
+
+# -- replay --------------------------------------------------------------------------------
+_OVERRIDES: list[tuple[str, str, Any, str]] = [
+    ("--max-model-steps", "max_model_steps", int, "model steps"),
+    ("--max-tool-calls", "max_tool_calls", int, "tool calls"),
+    ("--deadline-s", "deadline_s", float, "seconds of run time"),
+    ("--max-input-tokens", "max_input_tokens", int, "input tokens"),
+    ("--max-output-tokens", "max_output_tokens", int, "output tokens"),
+    ("--max-total-tokens", "max_total_tokens", int, "input plus output tokens"),
+    ("--max-cost", "max_cost", float, "cost"),
+    ("--max-result-bytes", "max_result_bytes", int, "bytes per tool result"),
+    ("--malformed-retries", "malformed_retries", int, "malformed responses retried"),
+]
+
+
+def _override_options(fn: F) -> F:
+    for flag, field, kind, what in reversed(_OVERRIDES):
+        fn = click.option(flag, field, type=kind, default=None, metavar="N",
+                          help=f"With --check: check under this limit on {what}.")(fn)
+    return fn
+
+
+@cli.command()
+@journal_option
+@json_option("the rebuilt state (and the check)")
+@click.argument("run_id", required=False)
+@click.option("--events", "events_file", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE", help="Replay events from a file (`boundloop export` output or a "
+                                   "golden .msgpack) instead of the journal.")
+@click.option("--check", "do_check", is_flag=True,
+              help="Re-run the current policy over the recorded responses and outcomes (no "
+                   "model or tool is called) and report the first decision that differs.")
+@_override_options
+def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: str | None,
+           do_check: bool, **limits: Any) -> None:
+    """Rebuild a run's state from its events and check it against how the run finished."""
+    from boundloop.inspect import check, load_events, open_journal, read_events, rebuild
+
+    changes = {k: v for k, v in limits.items() if v is not None}
+    if changes and not do_check:
+        raise click.UsageError("limit options such as --max-tool-calls need --check")
+    if (run_id is None) == (events_file is None):
+        raise click.UsageError("give a RUN_ID or --events FILE (one of them)")
+    if events_file is not None:
+        try:
+            events = load_events(events_file)
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {events_file}: {exc.strerror or exc}",
+                                     param_hint="'--events'") from None
+    else:
+        assert run_id is not None
+        with open_journal(journal) as j:
+            events = read_events(j, run_id)
+    rebuilt = rebuild(events)
+    report = None
+    if do_check:
+        budget = None
+        if changes:
+            budget = msgspec.structs.replace(rebuilt.state.budget, **changes)
+        report = check(events, budget)
+    st = rebuilt.state
+    failed = bool(rebuilt.mismatches) or (report is not None and not report.ok)
+    if as_json:
+        out: dict[str, Any] = {
+            "run_id": st.run_id, "status": st.status, "finished": st.finished,
+            "exhausted_limit": st.exhausted_limit, "explanation": st.explanation,
+            "model_steps": st.model_steps, "tool_calls": st.tool_calls, "usage": st.usage,
+            "elapsed_s": st.elapsed_s, "events": st.events, "budget": st.budget,
+            "transcript": st.transcript, "completed": st.completed,
+            "unresolved": st.unresolved, "consistent": rebuilt.consistent,
+            "mismatches": rebuilt.mismatches}
+        if report is not None:
+            out["check"] = report
+        _echo_json(out)
+    else:
+        _print_replay(rebuilt, report)
+    if failed:
+        click.get_current_context().exit(EXIT_MISMATCH)
+
+
+def _print_replay(rebuilt: Any, report: Any) -> None:
+    st = rebuilt.state
+    limit = f" ({st.exhausted_limit})" if st.exhausted_limit else ""
+    lines = [f"run {st.run_id}: {st.events} events folded",
+             f"status: {st.status}{limit}" + ("" if st.finished else " (not finished)"),
+             f"explanation: {st.explanation or '-'}",
+             f"model steps: {st.model_steps}, tool calls: {st.tool_calls}, "
+             f"usage: {_tokens(st.usage)}, elapsed: {_secs(st.elapsed_s)}",
+             "transcript:"]
+    for m in msgspec.to_builtins(st.transcript):
+        body = {k: v for k, v in m.items() if k != "kind"}
+        lines.append(f"  {m['kind']}: {json.dumps(body, ensure_ascii=False)}")
+    lines.append("completed: " + (", ".join(f"{c.call_id} {c.tool} {c.status}"
+                                            for c in st.completed) or "none"))
+    lines.append("unresolved: " + (", ".join(f"{u.call_id} {u.tool} ({u.phase})"
+                                             for u in st.unresolved) or "none"))
+    if rebuilt.finished_seq is None:
+        lines.append("consistency: the run has not finished; nothing to compare with")
+    elif rebuilt.consistent:
+        lines.append(f"consistency: ok, the fold agrees with RunFinished (seq "
+                     f"{rebuilt.finished_seq})")
+    else:
+        lines.extend(f"consistency: MISMATCH {m}" for m in rebuilt.mismatches)
+    if report is not None:
+        if report.ok:
+            lines.append(f"check: ok, the current policy makes the same {report.decisions} "
+                         "decisions")
+        else:
+            lines.append(f"check: DIVERGES at {report.divergence}")
+        if report.note:
+            lines.append(f"check note: {report.note}")
+    for line in lines:
+        click.echo(line)
+
+
+# -- prune ---------------------------------------------------------------------------------
+@cli.command()
+@journal_option
+@json_option("what was pruned")
+@click.option("--older-than", type=DURATION, required=True, metavar="AGE",
+              help="Remove runs that finished more than AGE ago (e.g. 30d).")
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool) -> None:
+    """Remove finished runs older than AGE (retention). Open runs and runs recovery still
+    needs are kept."""
+    from boundloop.inspect import open_journal
+    from boundloop.inspect import prune as do_prune
+
+    with open_journal(journal) as j:
+        report = do_prune(j, older_than, dry_run=dry_run)
+    if as_json:
+        _echo_json(report)
+        return
+    verb = "would remove" if dry_run else "removed"
+    click.echo(f"{verb} {len(report.pruned)} finished run{'s' if len(report.pruned) != 1 else ''}"
+               f" that finished before {_when(report.cut_ts)}")
+    for run_id in report.pruned:
+        click.echo(f"  {run_id}")
+    for run_id, why in report.kept.items():
+        click.echo(f"kept {run_id}: {why}")
+
+
+# -- export --------------------------------------------------------------------------------
+@cli.command()
+@journal_option
+@click.argument("run_id")
+@click.option("--strip-content", is_flag=True,
+              help="Also replace texts, arguments, results and error details with digests.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True), default=None,
+              metavar="FILE", help="Write to FILE instead of standard output.")
+def export(journal: str | None, run_id: str, strip_content: bool, output: str | None) -> None:
+    """Print a run's events as JSON lines, redacted, to attach to a bug report
+    (`boundloop replay --events FILE` reads them back)."""
+    from boundloop.inspect import export_lines, open_journal, read_events
+
+    with open_journal(journal) as j:
+        lines = list(export_lines(read_events(j, run_id), j.secret_key,
+                                  strip_content=strip_content))
+    text = "".join(line + "\n" for line in lines)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(output, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}",
+                                 param_hint="'--output'") from None
+
+
+# -- recovery ------------------------------------------------------------------------------
+# `recover` and `resolve` (SPEC 6, 10) are thin commands over Runner.recover/resolve; they
+# go here, each with journal_option, json_option where it lists, and errors raised as
+# BoundloopError (main() turns them into one-line messages and exit codes).
+
+
+# -- entry point ---------------------------------------------------------------------------
+def _fail(message: str, code: int) -> NoReturn:
+    click.echo("boundloop: " + " ".join(str(message).split()), err=True)
+    sys.exit(code)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
     """Entry point: bad input exits non-zero with a one-line message, never a traceback."""
     try:
-        return cli.main(args=argv, prog_name="boundloop", standalone_mode=True)
+        code = cli.main(args=argv, prog_name="boundloop", standalone_mode=False)
+    except click.exceptions.NoArgsIsHelpError as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else str(exc))
+        code = EXIT_OK
+    except click.ClickException as exc:
+        hint = ""
+        if isinstance(exc, click.UsageError) and exc.ctx is not None:
+            hint = f" (see `{exc.ctx.command_path} --help`)"
+        _fail(exc.format_message() + hint, EXIT_USAGE if exc.exit_code == 2 else exc.exit_code)
+    except click.exceptions.Abort:
+        _fail("aborted", 130)
+    except UnknownRun as exc:
+        _fail(str(exc), EXIT_UNKNOWN_RUN)
+    except JournalError as exc:
+        _fail(str(exc), EXIT_JOURNAL)
     except BoundloopError as exc:
-        click.echo(f"boundloop: {exc}", err=True)
-        sys.exit(2)
+        _fail(str(exc), EXIT_USAGE)
+    except Exception as exc:  # noqa: BLE001 - the contract: never a traceback
+        if os.environ.get("BOUNDLOOP_DEBUG"):
+            raise
+        journal_failure = type(exc).__module__.split(".")[0] == "lmdb"
+        _fail(f"{'journal error' if journal_failure else 'internal error'}: "
+              f"{type(exc).__name__}: {exc}" +
+              ("" if journal_failure else " (set BOUNDLOOP_DEBUG=1 to see the traceback)"),
+              EXIT_JOURNAL if journal_failure else EXIT_INTERNAL)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

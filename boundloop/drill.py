@@ -29,7 +29,8 @@ from boundloop.messages import CallTools, Final, Message, ToolCall
 from boundloop.tools import Tool, ToolContext, tool
 
 TOOLS = ("charge", "ship", "book")
-ARGS = {"charge": {"amount": 7}, "ship": {"item": "parcel"}, "book": {"room": "r1"}}
+ARGS: dict[str, dict[str, Any]] = {"charge": {"amount": 7}, "ship": {"item": "parcel"},
+                                   "book": {"room": "r1"}}
 
 
 class DrillReport(msgspec.Struct):
@@ -144,19 +145,19 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
     with Runner(journal, max_in_flight=concurrency * 4) as runner:
         print("ready", flush=True)
         recovered = runner.recover()
-        with open(log, "a") as f:
+        with open(log, "a") as out:
             for r in recovered:
-                f.write(json.dumps({"run_id": r.run_id, "unresolved": [
+                out.write(json.dumps({"run_id": r.run_id, "unresolved": [
                     [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}) + "\n")
         futures = [runner.submit_resume(r.run_id, model, tools) for r in recovered]
-        for f in futures:
-            f.result()
+        for future in futures:
+            future.result()
         todo = [r for r in Path(runs_file).read_text().split() if runner.journal.find(r) is None]
         for i in range(0, len(todo), concurrency):
             batch = [runner.submit(model, tools, "run the plan", run_id=r)
                      for r in todo[i:i + concurrency]]
-            for f in batch:
-                f.result()
+            for future in batch:
+                future.result()
 
 
 # -- the drill ----------------------------------------------------------------------------
@@ -224,7 +225,7 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
             runner.resume(r.run_id, drill_model(seed), tools)
         for _ in range(4):
             keys = {k for k, _ in ledger(base / "ledger")}
-            waiting = [i for i in run_ids if (s := runner.state(i)).status == "needs_review"]
+            waiting = [i for i in run_ids if runner.state(i).status == "needs_review"]
             if not waiting:
                 break
             for run_id in waiting:

@@ -412,6 +412,9 @@ class _Driver:
         """(decision, reason, handler kwargs): unknown tool, permission, arguments, deadline."""
         spec = self.spec
         tool = spec.tools.get(call.name)
+        # permit and the handler get their own copies: nothing they do to the arguments
+        # can change the recorded call.
+        call = msgspec.msgpack.decode(msgspec.msgpack.encode(call), type=ToolCall)
         if tool is None:
             known = ", ".join(sorted(spec.tools)) or "none"
             return "unknown_tool", f"no tool named {call.name!r} (tools: {known})", {}

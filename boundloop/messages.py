@@ -76,8 +76,10 @@ def to_history(items: list[Any]) -> list[Message]:
 
     try:
         plain = [msgspec.to_builtins(m) if isinstance(m, msgspec.Struct) else m for m in items]
-        return msgspec.convert(plain, list[Message])
-    except (msgspec.ValidationError, TypeError) as exc:
+        # Through msgpack and back: nothing nested stays shared with the caller's objects.
+        return _history_decoder.decode(_history_encoder.encode(
+            msgspec.convert(plain, list[Message])))
+    except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as exc:
         raise ConfigError(f"history is not a list of messages (SPEC 2): {exc}") from None
 
 

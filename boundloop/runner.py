@@ -35,6 +35,7 @@ from boundloop.journal.base import Journal, OwnerRecord, check_run_id
 from boundloop.journal.lmdb import LmdbJournal
 from boundloop.loop import Estimator, Permit, RunSpec
 from boundloop.messages import Message, UserMessage, to_history
+from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Usage
 from boundloop.policy.replay import RunState, apply, replay
@@ -55,27 +56,6 @@ def _tools(tools: Iterable[Any]) -> dict[str, Tool]:
             raise ConfigError(f"two tools are named {t.name!r}; tool names must be unique")
         out[t.name] = t
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _process_start(pid: int) -> float:
-    """The process's start time in clock ticks since boot (0.0 when unknown), to tell a
-    live owner from a new process that reused its pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return float(fields[19])
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class Runner:
@@ -132,10 +112,10 @@ class Runner:
 
     # -- ownership ---------------------------------------------------------------------
     def _register(self) -> None:
-        pid = os.getpid()
+        pid, host, started = this_process()
         try:
-            self._journal.put_owner(OwnerRecord(self.owner, pid, socket.gethostname(),
-                                                _process_start(pid), time.time() + self.lease_s))
+            self._journal.put_owner(OwnerRecord(self.owner, pid, host, started,
+                                                time.time() + self.lease_s))
         except JournalError:
             pass  # a closed journal fails each run closed; nothing to own yet
 
@@ -148,16 +128,9 @@ class Runner:
         """True when ``owner`` can no longer drive its runs."""
         if owner == self.owner:
             return False
-        record = owners.get(owner)
-        if record is None:
-            # It may have registered since ``owners`` was read: ask the journal again.
-            record = self._journal.owners().get(owner)
-        if record is None:
-            return True
-        if record.host == socket.gethostname():
-            # On this host we can ask the kernel; a reused pid has another start time.
-            return not _alive(record.pid) or _process_start(record.pid) != record.started
-        return record.lease_until < time.time()
+        # It may have registered since ``owners`` was read: then ask the journal again.
+        record = owners.get(owner) or self._journal.owners().get(owner)
+        return not owner_alive(record)
 
     def _claim(self, run_id: str, seq: int, state: RunState) -> RunState:
         event = ev.OwnerClaimed(run_id=run_id, ts=self.clock.time(), elapsed_s=state.elapsed_s,

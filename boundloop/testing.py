@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from boundloop.errors import JournalUnavailable
 from boundloop.events import Event
@@ -72,8 +72,9 @@ class FaultyJournal(Journal):
     def remove_owner(self, owner: str) -> None:
         self.inner.remove_owner(owner)
 
-    def prune(self, finished_before: float, dry_run: bool = False) -> list[str]:
-        return self.inner.prune(finished_before, dry_run)
+    def prune(self, finished_before: float, dry_run: bool = False,
+              keep: Callable[[RunInfo], bool] | None = None) -> list[str]:
+        return self.inner.prune(finished_before, dry_run, keep)
 
     @property
     def secret_key(self) -> bytes:

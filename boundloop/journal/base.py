@@ -129,8 +129,10 @@ class Journal(abc.ABC):
         """Forget a runner that closed cleanly."""
 
     @abc.abstractmethod
-    def prune(self, finished_before: float, dry_run: bool = False) -> list[str]:
-        """Remove runs that finished before ``finished_before`` (epoch seconds); return ids."""
+    def prune(self, finished_before: float, dry_run: bool = False,
+              keep: Callable[[RunInfo], bool] | None = None) -> list[str]:
+        """Remove runs that finished before ``finished_before`` (epoch seconds), except those
+        ``keep`` says to keep; return the removed (or, with ``dry_run``, removable) ids."""
 
     @property
     @abc.abstractmethod

@@ -13,7 +13,7 @@ import queue
 import secrets
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -165,8 +165,10 @@ class LmdbJournal(Journal):
         if self._closed:
             raise JournalUnavailable(f"the journal at {self.path} is closed; open it again")
         if os.getpid() != self._pid:
-            raise JournalUnavailable("this journal was opened before fork(); open it again in "
-                                     "the child process")
+            raise JournalUnavailable("this journal was opened before fork(), and LMDB cannot "
+                                     "be used or reopened across fork(): open the journal only "
+                                     "in the process that uses it (start children with "
+                                     "'spawn', or open it after forking)")
 
     def close(self) -> None:
         with self._lock:
@@ -183,11 +185,14 @@ class LmdbJournal(Journal):
                done: Done) -> None:
         try:
             check_run_id(run_id)
-            self._usable()
+            request = _Request(run_id, expected_seq, list(events), done)
+            # Under the lock, so close() cannot slip in between the check and the put: a
+            # request queued before close's sentinel is always answered by the writer.
+            with self._lock:
+                self._usable()
+                self._queue.put(request)
         except Exception as exc:
             done(exc)
-            return
-        self._queue.put(_Request(run_id, expected_seq, list(events), done))
 
     def _write_loop(self) -> None:
         while True:
@@ -393,9 +398,11 @@ class LmdbJournal(Journal):
             return {k.decode(): _owner_dec.decode(v) for k, v in txn.cursor()}
 
     # -- retention ---------------------------------------------------------------------
-    def prune(self, finished_before: float, dry_run: bool = False) -> list[str]:
+    def prune(self, finished_before: float, dry_run: bool = False,
+              keep: Callable[[RunInfo], bool] | None = None) -> list[str]:
         victims = [i for i in self.infos()
-                   if i.finished_ts is not None and i.finished_ts < finished_before]
+                   if i.finished_ts is not None and i.finished_ts < finished_before
+                   and not (keep is not None and keep(i))]
         if dry_run or not victims:
             return [i.run_id for i in victims]
 

@@ -22,6 +22,7 @@ from boundloop.messages import (
     Message,
     NoticeMessage,
     ToolResultMessage,
+    copy_history,
 )
 from boundloop.policy.budget import Budget, Usage
 from boundloop.results import CompletedAction, RunResult, UnresolvedAction
@@ -113,7 +114,7 @@ class RunState(msgspec.Struct):
         return RunResult(
             run_id=self.run_id, status=self.status, exhausted_limit=self.exhausted_limit,
             explanation=self.explanation, model_steps=self.model_steps,
-            tool_calls=self.tool_calls, transcript=list(self.transcript),
+            tool_calls=self.tool_calls, transcript=copy_history(self.transcript),
             completed=self.completed, unresolved=self.unresolved, usage=self.usage,
             elapsed_s=self.elapsed_s if elapsed_s is None else elapsed_s)
 

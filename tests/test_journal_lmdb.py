@@ -1,0 +1,137 @@
+"""The journal contract on the LMDB backend, plus what only LMDB has (sync, fork)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from journal_contract import JournalContract, admitted, several, step
+
+import boundloop as bl
+from boundloop.journal import LmdbJournal
+
+
+class TestLmdbJournal(JournalContract):
+    def make_journal(self, path: Path) -> LmdbJournal:
+        return LmdbJournal(path)
+
+
+class TestLmdbJournalWithoutSync(JournalContract):
+    """The whole contract holds with fsync off too (only crash durability differs)."""
+
+    def make_journal(self, path: Path) -> LmdbJournal:
+        return LmdbJournal(path, sync=False)
+
+
+# -- sync ------------------------------------------------------------------------------
+
+
+def _env_sync(journal: LmdbJournal) -> bool:
+    # White-box: LMDB reports its own flags; there is no other way to see fsync is on.
+    return bool(journal._env.flags()["sync"])
+
+
+def test_sync_is_on_by_default(tmp_path: Path) -> None:
+    with LmdbJournal(tmp_path / "j") as j:
+        assert _env_sync(j) is True  # type: ignore[arg-type]
+
+
+def test_sync_false_turns_fsync_off_and_still_persists(tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    j = LmdbJournal(path, sync=False)
+    assert _env_sync(j) is False
+    events = several("r1")
+    j.append("r1", 0, events)
+    j.close()
+    with LmdbJournal(path) as again:
+        assert list(again.events("r1")) == events
+        assert _env_sync(again) is True  # type: ignore[arg-type]
+
+
+def test_runner_passes_sync_to_its_journal(tmp_path: Path) -> None:
+    with bl.Runner(tmp_path / "a", sync=False) as runner:
+        assert isinstance(runner.journal, LmdbJournal)
+        assert _env_sync(runner.journal) is False
+    with bl.Runner(tmp_path / "b") as runner:
+        assert isinstance(runner.journal, LmdbJournal)
+        assert _env_sync(runner.journal) is True
+
+
+# -- opening ------------------------------------------------------------------------------
+
+
+def test_create_false_on_a_missing_directory(tmp_path: Path) -> None:
+    with pytest.raises(bl.JournalUnavailable):
+        LmdbJournal(tmp_path / "missing", create=False)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_file_is_not_a_journal(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(bl.BoundloopError):
+        LmdbJournal(target)
+
+
+# -- fork --------------------------------------------------------------------------------
+
+
+def _in_child(fn) -> int:  # type: ignore[no-untyped-def]
+    """Run ``fn()`` in a forked child; return its exit code (fn's int, 99 on any escape)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 99
+        try:
+            code = fn()
+        except BaseException:  # noqa: BLE001 - the exit code carries the verdict
+            code = 98
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_journal_used_after_fork_fails_closed_in_the_child(tmp_path: Path) -> None:
+    journal = LmdbJournal(tmp_path / "j")
+    try:
+        journal.append("r1", 0, [admitted("r1")])
+
+        def append_in_child() -> int:
+            try:
+                journal.append("r1", 1, [step("r1", 1)])
+            except bl.JournalUnavailable:
+                return 0
+            return 1
+
+        def submit_in_child() -> int:
+            box: list[BaseException | None] = []
+            flag = threading.Event()
+
+            def done(err: BaseException | None) -> None:
+                box.append(err)
+                flag.set()
+
+            journal.submit("child", 0, [admitted("child")], done)
+            if not flag.wait(5):
+                return 2
+            return 0 if isinstance(box[0], bl.JournalUnavailable) else 1
+
+        def read_in_child() -> int:
+            try:
+                list(journal.read("r1"))
+            except bl.JournalUnavailable:
+                return 0
+            return 1
+
+        assert _in_child(append_in_child) == 0
+        assert _in_child(submit_in_child) == 0
+        assert _in_child(read_in_child) == 0
+        # The parent's journal is untouched and still works.
+        assert [s for s, _ in journal.read("r1")] == [1]
+        assert journal.find("child") is None
+        assert journal.append("r1", 1, [step("r1", 1)]) == 2
+    finally:
+        journal.close()
+

@@ -1,0 +1,192 @@
+"""SPEC 3 and 5: budget validation, admission (`rejected`), and failing closed on the journal."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+import boundloop as bl
+
+
+def journal_of(runner: bl.Runner, result: bl.RunResult) -> tuple[list[str], list[Any]]:
+    """The run's events; asserts they end in one RunFinished and replay to ``result``."""
+    events = list(runner.journal.events(result.run_id))
+    names = [type(e).__name__ for e in events]
+    assert names[0] == "RunAdmitted"
+    assert names[-1] == "RunFinished" and names.count("RunFinished") == 1
+    fin = events[-1]
+    assert (fin.status, fin.exhausted_limit, fin.explanation, fin.model_steps, fin.tool_calls) \
+        == (result.status, result.exhausted_limit, result.explanation, result.model_steps,
+            result.tool_calls)
+    state = bl.replay(events)
+    assert (state.status, state.exhausted_limit, state.model_steps, state.tool_calls) == (
+        result.status, result.exhausted_limit, result.model_steps, result.tool_calls)
+    assert msgspec.to_builtins(state.transcript) == msgspec.to_builtins(result.transcript)
+    assert state.usage == result.usage
+    return names, events
+
+
+# -- Budget validation -------------------------------------------------------------------------
+INVALID = {
+    "steps-zero": {"max_model_steps": 0},
+    "steps-negative": {"max_model_steps": -1},
+    "steps-none": {"max_model_steps": None},
+    "steps-string": {"max_model_steps": "3"},
+    "calls-negative": {"max_tool_calls": -1},
+    "calls-none": {"max_tool_calls": None},
+    "calls-string": {"max_tool_calls": "10"},
+    "parallel-negative": {"max_parallel": -2},
+    "parallel-string": {"max_parallel": "2"},
+    "deadline-negative": {"deadline_s": -1.0},
+    "deadline-string": {"deadline_s": "soon"},
+    "input-negative": {"max_input_tokens": -5},
+    "output-negative": {"max_output_tokens": -1},
+    "total-negative": {"max_total_tokens": -1},
+    "total-list": {"max_total_tokens": [100]},
+    "cost-negative": {"max_cost": -0.01},
+    "cost-string": {"max_cost": "1.0"},
+    "result-bytes-negative": {"max_result_bytes": -1},
+    "malformed-negative": {"malformed_retries": -1},
+    "malformed-string": {"malformed_retries": "1"},
+}
+
+
+@pytest.mark.parametrize("kwargs", list(INVALID.values()), ids=list(INVALID))
+def test_invalid_budget_raises_config_error(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(bl.ConfigError):
+        bl.Budget(**kwargs)
+
+
+def test_config_error_is_a_boundloop_error() -> None:
+    assert issubclass(bl.ConfigError, bl.BoundloopError)
+
+
+def test_budget_defaults() -> None:
+    b = bl.Budget()
+    assert (b.max_model_steps, b.max_tool_calls) == (6, 20)
+    assert b.reserve_final_step is True
+    assert b.malformed_retries == 0
+    assert (b.max_parallel, b.deadline_s, b.max_input_tokens, b.max_output_tokens,
+            b.max_total_tokens, b.max_cost, b.max_result_bytes) == (None,) * 7
+
+
+def test_smallest_valid_budget_runs(runner: bl.Runner) -> None:
+    budget = bl.Budget(max_model_steps=1, max_tool_calls=0)
+    model = bl.ScriptedModel([bl.Final("ok")])
+    result = runner.run(model=model, prompt="go", budget=budget)
+    assert (result.status, result.model_steps, result.tool_calls) == ("final", 1, 0)
+    journal_of(runner, result)
+
+
+# -- rejected ----------------------------------------------------------------------------------
+def test_second_concurrent_run_over_max_in_flight_is_rejected(journal_dir: Path) -> None:
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def blocking(history: list[Any], ctx: bl.ModelContext) -> bl.Final:
+        entered.set()
+        gate.wait(5)
+        return bl.Final("first")
+
+    second = bl.ScriptedModel([bl.Final("second")])
+    with bl.Runner(journal_dir, max_in_flight=1) as runner:
+        try:
+            first = runner.submit(model=blocking, prompt="one", run_id="first")
+            assert entered.wait(5)
+            rejected = runner.submit(model=second, prompt="two", run_id="second").result(5)
+        finally:
+            gate.set()
+        result = first.result(5)
+
+        assert (rejected.status, rejected.exhausted_limit) == ("rejected", None)
+        assert rejected.run_id == "second"
+        assert (rejected.model_steps, rejected.tool_calls) == (0, 0)
+        assert rejected.explanation
+        assert second.calls == 0
+        if "second" in list(runner.journal.runs()):
+            names = [type(e).__name__ for e in runner.journal.events("second")]
+            assert "RunAdmitted" not in names and "ModelStepStarted" not in names
+
+        assert (result.status, result.model_steps) == ("final", 1)
+        journal_of(runner, result)
+
+        # The slot is free again once the first run ended.
+        third = runner.run(model=bl.ScriptedModel([bl.Final("third")]), prompt="three")
+        assert third.status == "final"
+        journal_of(runner, third)
+
+
+def test_duplicate_run_id_of_a_finished_run_is_rejected(runner: bl.Runner) -> None:
+    ran: list[str] = []
+
+    @bl.tool
+    def act(x: str) -> str:
+        """Act."""
+        ran.append(x)
+        return x
+
+    first = runner.run(model=bl.ScriptedModel([bl.Final("done")]), prompt="go", run_id="dup")
+    assert first.status == "final"
+    before = [msgspec.to_builtins(e) for e in runner.journal.events("dup")]
+
+    again = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "act", {"x": "a"})]),
+                              bl.Final("second")])
+    result = runner.run(model=again, tools=[act], prompt="again", run_id="dup")
+    assert (result.status, result.exhausted_limit) == ("rejected", None)
+    assert result.run_id == "dup"
+    assert (result.model_steps, result.tool_calls) == (0, 0)
+    assert again.calls == 0
+    assert ran == []
+    # The original run is untouched.
+    assert [msgspec.to_builtins(e) for e in runner.journal.events("dup")] == before
+    assert list(runner.journal.runs()) == ["dup"]
+    journal_of(runner, first)
+
+
+# -- journal_unavailable -------------------------------------------------------------------
+def test_closed_journal_fails_closed(runner: bl.Runner) -> None:
+    ran: list[str] = []
+
+    @bl.tool
+    def act(x: str) -> str:
+        """Act."""
+        ran.append(x)
+        return x
+
+    runner.journal.close()
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "act", {"x": "a"})]),
+                              bl.Final("never")])
+    result = runner.run(model=model, tools=[act], prompt="go")
+    assert (result.status, result.exhausted_limit) == ("journal_unavailable", None)
+    assert (result.model_steps, result.tool_calls) == (0, 0)
+    assert model.calls == 0
+    assert ran == []
+    assert result.explanation
+
+
+def test_journal_lost_before_the_intent_is_recorded_dispatches_nothing(
+        runner: bl.Runner) -> None:
+    ran: list[str] = []
+
+    @bl.tool
+    def act(x: str) -> str:
+        """Act."""
+        ran.append(x)
+        return x
+
+    def close_then_call(history: list[Any], ctx: bl.ModelContext) -> bl.CallTools:
+        runner.journal.close()
+        return bl.CallTools([bl.ToolCall("c1", "act", {"x": "a"})])
+
+    model = bl.ScriptedModel([close_then_call, bl.Final("never")])
+    result = runner.run(model=model, tools=[act], prompt="go")
+    assert (result.status, result.exhausted_limit) == ("journal_unavailable", None)
+    assert result.model_steps == 1
+    assert model.calls == 1
+    assert ran == []
+    assert [m.kind for m in result.transcript] == ["user"]
+    assert result.explanation
