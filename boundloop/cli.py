@@ -433,9 +433,98 @@ def export(journal: str | None, run_id: str, strip_content: bool, output: str | 
 
 
 # -- recovery ------------------------------------------------------------------------------
-# `recover` and `resolve` (SPEC 6, 10) are thin commands over Runner.recover/resolve; they
-# go here, each with journal_option, json_option where it lists, and errors raised as
-# BoundloopError (main() turns them into one-line messages and exit codes).
+def _runner(journal: str | None) -> Any:
+    """A Runner on an existing journal (never creates one), and the journal to close."""
+    from boundloop.journal.lmdb import LmdbJournal
+    from boundloop.runner import Runner
+
+    j = LmdbJournal(journal_dir(journal), create=False)
+    return Runner(j, model_threads=1, tool_threads=1, supervisors=1), j
+
+
+@cli.command()
+@journal_option
+@json_option("the recovered runs")
+def recover(journal: str | None, as_json: bool) -> None:
+    """Take over runs whose runner is gone and list what each left unresolved.
+
+    Nothing is executed: resolve actions with `boundloop resolve`, then continue a run from
+    your code with runner.resume(run_id, model=..., tools=...).
+    """
+    runner, j = _runner(journal)
+    try:
+        found = runner.recover()
+    finally:
+        runner.close()
+        j.close()
+    if as_json:
+        _echo_json([{"run_id": r.run_id, "model_steps": r.state.model_steps,
+                     "tool_calls": r.state.tool_calls,
+                     "unresolved": msgspec.to_builtins(r.unresolved)} for r in found])
+        return
+    if not found:
+        click.echo("no runs to recover: every open run has a live runner")
+        return
+    rows: list[tuple[str, ...]] = []
+    for r in found:
+        if not r.unresolved:
+            rows.append((r.run_id, str(r.state.model_steps), str(r.state.tool_calls),
+                         "-", "-", "-", "-", "-"))
+        for u in r.unresolved:
+            rows.append((r.run_id, str(r.state.model_steps), str(r.state.tool_calls),
+                         u.call_id, u.tool, u.execution_id, u.phase, str(u.attempt)))
+    _console().print(_table(f"recovered {len(found)} run(s)",
+                            ("run id", "steps", "calls", "call", "tool", "execution id",
+                             "phase", "attempt"), rows))
+
+
+@cli.command()
+@journal_option
+@click.argument("run_id")
+@click.argument("execution_id")
+@click.option("--outcome", required=True,
+              type=click.Choice(["succeeded", "failed", "abandoned"]),
+              help="succeeded: it took effect; failed: it did not; abandoned: nobody can tell.")
+@click.option("--note", default="", help="Why (kept in the journal).")
+@click.option("--by", default=None, help="Who decided (default: user@host).")
+def resolve(journal: str | None, run_id: str, execution_id: str, outcome: str, note: str,
+            by: str | None) -> None:
+    """Record a person's decision on an unresolved action of RUN_ID."""
+    runner, j = _runner(journal)
+    try:
+        state = runner.resolve(run_id, execution_id, outcome, note, by=by)
+    finally:
+        runner.close()
+        j.close()
+    left = len(state.open_actions)
+    click.echo(f"recorded: {execution_id} {outcome}; {left} unresolved action(s) left in "
+               f"{run_id}")
+
+
+@cli.command()
+@click.option("--runs", type=click.IntRange(min=1), default=200, show_default=True)
+@click.option("--kills", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--dir", "where", type=click.Path(file_okay=False), default=None,
+              help="Where to keep the drill's journal and ledger (default: a temp dir).")
+@json_option("the report")
+def drill(runs: int, kills: int, seed: int, where: str | None, as_json: bool) -> None:
+    """Crash-recovery drill: SIGKILL workers at random moments, recover, check the journal
+    against a ledger of real side effects. Exits 1 if any invariant fails."""
+    import tempfile
+    from pathlib import Path
+
+    from boundloop.drill import format_report, run_drill
+
+    base = Path(where) if where else Path(tempfile.mkdtemp(prefix="boundloop-drill-"))
+    report = run_drill(base, runs, kills, seed, out=(lambda s: None) if as_json else click.echo)
+    if as_json:
+        _echo_json({**msgspec.to_builtins(report), "ok": report.ok, "dir": str(base)})
+    else:
+        click.echo(format_report(report, f"boundloop drill --runs {runs} --kills {kills} "
+                                         f"--seed {seed}"))
+    if not report.ok:
+        click.get_current_context().exit(EXIT_MISMATCH)
 
 
 # -- entry point ---------------------------------------------------------------------------

@@ -1,0 +1,73 @@
+"""`boundloop recover`, `resolve` and `drill` through real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from crash_worker import RUN_ID, ledger_lines, make_tools, model_for
+
+import boundloop as bl
+
+WORKER = Path(__file__).with_name("crash_worker.py")
+
+
+def boundloop(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "boundloop", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_recover_then_resolve_then_resume(tmp_path: Path) -> None:
+    journal, ledger = tmp_path / "j", tmp_path / "ledger"
+    died = subprocess.run([sys.executable, str(WORKER), str(journal), str(ledger), "ship",
+                           "--die"], capture_output=True, text=True, timeout=60)
+    assert died.returncode == -9
+    out = boundloop("recover", "--journal", str(journal), "--json")
+    assert out.returncode == 0, out.stderr
+    [found] = json.loads(out.stdout)
+    assert found["run_id"] == RUN_ID and found["tool_calls"] == 1
+    [action] = found["unresolved"]
+    assert action["tool"] == "ship" and action["idempotency_key"] == ledger_lines(ledger)[0][0]
+
+    bad = boundloop("resolve", "--journal", str(journal), RUN_ID, action["execution_id"],
+                    "--outcome", "maybe")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    unknown = boundloop("resolve", "--journal", str(journal), RUN_ID, "no-such-execution",
+                        "--outcome", "failed")
+    assert unknown.returncode == 2 and unknown.stderr.count("\n") == 1
+    assert "Traceback" not in unknown.stderr
+
+    ok = boundloop("resolve", "--journal", str(journal), RUN_ID, action["execution_id"],
+                   "--outcome", "succeeded", "--note", "seen at the dock", "--by", "ops")
+    assert ok.returncode == 0, ok.stderr
+    assert "0 unresolved" in ok.stdout
+    again = boundloop("resolve", "--journal", str(journal), RUN_ID, action["execution_id"],
+                      "--outcome", "failed")
+    assert again.returncode == 2  # already resolved
+
+    with bl.Runner(journal) as runner:
+        result = runner.resume(RUN_ID, model=model_for(["ship"]), tools=make_tools(ledger))
+    assert result.status == "final"
+    assert len(ledger_lines(ledger)) == 1
+    assert [c.status for c in result.completed] == ["ok"]
+
+
+def test_recover_on_a_missing_journal_fails_cleanly(tmp_path: Path) -> None:
+    out = boundloop("recover", "--journal", str(tmp_path / "none"))
+    assert out.returncode == 4
+    assert out.stderr.startswith("boundloop: ") and "Traceback" not in out.stderr
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_short_drill_passes(tmp_path: Path) -> None:
+    out = boundloop("drill", "--runs", "16", "--kills", "4", "--seed", "2", "--dir",
+                    str(tmp_path / "drill"), "--json")
+    assert out.returncode == 0, out.stderr + out.stdout
+    report = json.loads(out.stdout)
+    assert report["ok"] is True
+    assert report["crashes_injected"] >= 2  # kills land while work remains (timing)
+    assert report["runs"] == 16 and report["runs_not_final"] == 0
+    assert report["duplicate_executions"] == 0 and report["executed_without_intent"] == 0
+    assert report["unresolved_missed"] == 0 and report["replay_mismatches"] == 0
