@@ -10,6 +10,7 @@ come from ``policy.decide`` and every event is folded into the live state with
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -23,7 +24,16 @@ from boundloop.errors import JournalError
 from boundloop.messages import CallMessage, CallTools, Final, Message, ToolCall, ToolResultMessage
 from boundloop.messages import copy_history as _copy_history
 from boundloop.policy import decide
-from boundloop.policy.budget import Budget, Price, Usage, default_reservation, priced, remaining
+from boundloop.policy.budget import (
+    Budget,
+    LedgerReply,
+    Price,
+    Usage,
+    default_reservation,
+    priced,
+    remaining,
+    within_tree,
+)
 from boundloop.policy.redact import redact
 from boundloop.policy.replay import RunState, apply
 from boundloop.results import RunResult, UnresolvedAction
@@ -70,6 +80,19 @@ class Planned(msgspec.Struct):
     reconcile_first: bool = False
 
 
+class ParentLink(msgspec.Struct):
+    """What a child run started by a handler of this batch draws on (SPEC 8)."""
+
+    run_id: str
+    step: int
+    budget: Budget
+    tool_calls: int
+    usage: Usage
+    deadline: float | None
+    cancel: CancelToken
+    children: threading.Event
+
+
 class Dispatch(msgspec.Struct):
     """Run these calls (at most ``max_parallel`` at once); the reply is a list of Outcome."""
 
@@ -80,6 +103,7 @@ class Dispatch(msgspec.Struct):
     retry_allowance: int
     clock: Clock
     run_child: Callable[..., Any] | None = None
+    parent: ParentLink | None = None
 
 
 class Attempt(msgspec.Struct):
@@ -111,7 +135,19 @@ class Reconcile(msgspec.Struct):
     planned: Planned
 
 
-Effect = Commit | InvokeModel | Dispatch | Reconcile
+class Ledger(msgspec.Struct):
+    """Settle with the budget authority: charge own spend since the last time, reserve
+    ``reserve`` tool calls; the reply is a LedgerReply (what descendants spent, whether the
+    reservation was granted, what the ancestors have left). ``close`` forgets the run."""
+
+    run_id: str
+    reserve: int = 0
+    tool_calls: int = 0
+    usage: Usage | None = None
+    close: bool = False
+
+
+Effect = Commit | InvokeModel | Dispatch | Reconcile | Ledger
 
 
 # -- the run's fixed inputs ----------------------------------------------------------------
@@ -135,6 +171,7 @@ class RunSpec(msgspec.Struct, kw_only=True):
     parent_step: int | None = None
     parent_execution_id: str | None = None
     run_child: Callable[..., Any] | None = None
+    children: threading.Event = msgspec.field(default_factory=threading.Event)
     resume: RunState | None = None
 
 
@@ -166,6 +203,12 @@ class _Driver:
         self.deadline = None if deadline_s is None else \
             self.started + max(deadline_s - self.elapsed_before, 0.0)
         self.schemas = [t.schema for t in spec.tools.values()]
+        # The run tree's ledger (SPEC 8): a child settles from the start; a parent once a
+        # handler of it started a child. ``charged`` is own spend already charged.
+        self.ledger_open = spec.parent_run_id is not None and spec.resume is None
+        self.charged: tuple[int, Usage] = (0, Usage())
+        self.snapshot: tuple[int, Usage] = (0, Usage())
+        self.current = self.budget
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -323,12 +366,33 @@ class _Driver:
                                  r.idempotency_key, max(r.attempt, 1), "dispatched")
                 for r in lost])
 
+    def settle_ledger(self, reserve: int = 0,
+                      close: bool = False) -> Generator[Effect, Any, LedgerReply | None]:
+        """Charge own spend to the run tree, fold what descendants spent, and (for a child)
+        reserve ``reserve`` tool calls against every ancestor at once."""
+        spec, st = self.spec, self.state
+        if not self.ledger_open:
+            if not spec.children.is_set():
+                return None
+            self.ledger_open = True
+            self.charged = self.snapshot
+        own_calls = st.tool_calls - st.child_tool_calls
+        own_usage = st.usage - st.child_usage
+        calls, usage = own_calls - self.charged[0], own_usage - self.charged[1]
+        reply: LedgerReply = yield Ledger(spec.run_id, reserve, max(calls, 0), usage, close)
+        self.charged = (own_calls + (reserve if reply.granted else 0), own_usage)
+        for child in reply.children:
+            self.emit(ev.ChildCharged, child_run_id=child.child_run_id,
+                      tool_calls=child.tool_calls, usage=child.usage)
+        return reply
+
     def finish(self, stop: decide.Stop) -> Generator[Effect, Any, RunResult]:
         if stop.status == "journal_unavailable":
             # A write already failed: write nothing more. The run stays open in the journal,
             # as its durable events left it, for recovery to resolve and resume.
             return self.unavailable(stop.detail)
-        explanation = decide.explain(stop, self.budget)
+        yield from self.settle_ledger(close=True)
+        explanation = decide.explain(stop, self.current)
         st = self.state
         self.emit(ev.RunFinished, status=stop.status, exhausted_limit=stop.limit,
                   explanation=explanation, model_steps=st.model_steps,
@@ -354,7 +418,10 @@ class _Driver:
         return priced(usage, spec.price)
 
     def round(self) -> Generator[Effect, Any, decide.Stop | None]:
-        spec, st, budget = self.spec, self.state, self.budget
+        spec, st = self.spec, self.state
+        tree = yield from self.settle_ledger()
+        budget = self.current = self.budget if tree is None else \
+            within_tree(self.budget, st.tool_calls, st.usage, tree.left)
         reservation = self.reservation()
         stop = decide.before_model(st, budget, cancelled=spec.cancel.cancelled,
                                    deadline_passed=self.deadline_passed(),
@@ -406,6 +473,11 @@ class _Driver:
                                   was_final_only=was_final_only)
         if stop is not None:
             return stop
+        if self.ledger_open and spec.parent_run_id is not None:
+            tree = yield from self.settle_ledger(reserve=len(parsed.calls))
+            if tree is not None and not tree.granted:
+                return decide.Stop("limit_exceeded", "tool_calls",
+                                   "The parent run has too few tool calls left for the batch.")
         return (yield from self.calls(step, parsed, ctx))
 
     def decide_call(self, call: ToolCall, ctx: ModelContext) -> tuple[str, str, dict[str, Any]]:
@@ -469,9 +541,12 @@ class _Driver:
                                       "none was dispatched.")
         outcomes: list[Outcome] = []
         if planned:
-            allowance = self.budget.max_tool_calls - st.tool_calls
+            allowance = self.current.max_tool_calls - st.tool_calls
+            self.snapshot = (st.tool_calls - st.child_tool_calls, st.usage - st.child_usage)
+            link = ParentLink(spec.run_id, step, self.current, st.tool_calls, st.usage,
+                              self.deadline, spec.cancel, spec.children)
             outcomes = yield Dispatch(planned, self.budget.max_parallel, self.deadline,
-                                      spec.cancel, allowance, self.clock, spec.run_child)
+                                      spec.cancel, allowance, self.clock, spec.run_child, link)
         for outcome in outcomes:
             self.record(outcome)
             if outcome.skipped:

@@ -17,6 +17,7 @@ import pykka
 
 from boundloop import events as ev
 from boundloop.actors.admission import AdmissionActor
+from boundloop.actors.budget import BudgetActor, Left, Open
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
 from boundloop.actors.supervisor import SupervisorActor
@@ -33,11 +34,11 @@ from boundloop.errors import (
 )
 from boundloop.journal.base import Journal, OwnerRecord, check_run_id
 from boundloop.journal.lmdb import LmdbJournal
-from boundloop.loop import Estimator, Permit, RunSpec
+from boundloop.loop import Estimator, ParentLink, Permit, RunSpec
 from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
-from boundloop.policy.budget import Budget, Price, Usage
+from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
 from boundloop.tools import Tool
@@ -105,9 +106,11 @@ class Runner:
         self._renewer.start()
         self._workers = Workers(model_threads, tool_threads)
         self._executor = ExecutorActor.start(self._workers)
+        self._budget = BudgetActor.start()
         self._admission = AdmissionActor.start(self._journal, max_in_flight)
         self._supervisors = [
-            SupervisorActor.start(self._journal, self._executor, self._workers, self._finished)
+            SupervisorActor.start(self._journal, self._executor, self._budget, self._workers,
+                                  self._finished)
             for _ in range(supervisors)]
 
     # -- ownership ---------------------------------------------------------------------
@@ -310,7 +313,7 @@ class Runner:
             model=model, tools=_tools(tools), budget=budget, history=messages,
             cancel=cancel or CancelToken(), secret_key=self._journal.secret_key,
             clock=self.clock, owner=self.owner, permit=permit, read_only=self.read_only,
-            price=self.price, estimator=self.estimator, **extra)
+            price=self.price, estimator=self.estimator, run_child=self._run_child, **extra)
 
     def _start(self, spec: RunSpec, seq: int, resuming: bool = False) -> Future[RunResult]:
         future: Future[RunResult] = Future()
@@ -329,6 +332,34 @@ class Runner:
         shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
         self._supervisors[shard].tell(StartRun(spec, future, seq))
         return future
+
+    def _run_child(self, link: ParentLink, execution_id: str, model: Any,
+                   tools: Sequence[Any] = (), prompt: str | None = None, *,
+                   history: Sequence[Any] | None = None, budget: Budget | None = None,
+                   cancel: CancelToken | None = None, run_id: str | None = None,
+                   permit: Permit | None = None) -> RunResult:
+        """A nested run, from a handler of ``link``'s run (SPEC 8): its shared limits are the
+        smaller of what it asks and what its parent (and every ancestor) has left."""
+        asked = budget if budget is not None else Budget()
+        if not isinstance(asked, Budget):
+            raise ConfigError(f"budget must be a bl.Budget, got {asked!r}")
+        self._budget.tell(Open(link.run_id, None, link.budget, link.tool_calls, link.usage))
+        left = self._budget.ask(Left(link.run_id), block=True)
+        deadline_left = None if link.deadline is None else \
+            max(link.deadline - self.clock.monotonic(), 0.0)
+        carved = carve(Remaining(model_steps=asked.max_model_steps,
+                                 tool_calls=left.tool_calls if left.tool_calls is not None
+                                 else asked.max_tool_calls,
+                                 deadline_s=deadline_left, input_tokens=left.input_tokens,
+                                 output_tokens=left.output_tokens,
+                                 total_tokens=left.total_tokens, cost=left.cost), asked)
+        token = link.cancel.child(*([cancel] if cancel is not None else []))
+        spec = self._spec(model, tools, prompt, history, carved, token, run_id, permit,
+                          parent_run_id=link.run_id, parent_step=link.step,
+                          parent_execution_id=execution_id)
+        self._budget.tell(Open(spec.run_id, link.run_id, carved))
+        link.children.set()
+        return self._start(spec, 0).result()
 
     def _refused(self, spec: RunSpec, status: str, detail: str) -> RunResult:
         explanation = decide.explain(decide.Stop(status, detail=detail), spec.budget)
@@ -373,7 +404,8 @@ class Runner:
                 f.exception(timeout=max(deadline - time.monotonic(), 0.01))
             except Exception:  # noqa: BLE001 - closing goes on whatever a run did
                 pass
-        refs: list[pykka.ActorRef[Any]] = [*self._supervisors, self._admission, self._executor]
+        refs: list[pykka.ActorRef[Any]] = [*self._supervisors, self._admission, self._executor,
+                                           self._budget]
         for ref in refs:
             try:
                 ref.stop(timeout=5)

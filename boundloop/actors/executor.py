@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
@@ -87,8 +88,10 @@ async def run_call(workers: Workers, d: Dispatch, p: Planned, allowance: list[in
         if d.deadline is not None:
             left = max(d.deadline - d.clock.monotonic(), 0.001)
             timeout = left if timeout is None else min(timeout, left)
+        child = None if d.run_child is None or d.parent is None else \
+            functools.partial(d.run_child, d.parent, p.execution_id)
         ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, attempt,
-                          d.deadline, d.cancel, d.run_child)
+                          d.deadline, d.cancel, child)
         started = time.perf_counter()
         task = asyncio.ensure_future(
             workers.call(workers.tool_pool, tool.handler, **tool.bind(p.kwargs, ctx)))

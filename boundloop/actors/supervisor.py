@@ -15,10 +15,20 @@ from typing import Any
 import msgspec
 import pykka
 
+from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers
 from boundloop.journal.base import Journal
-from boundloop.loop import Commit, Dispatch, Effect, InvokeModel, ModelReply, Reconcile, drive
+from boundloop.loop import (
+    Commit,
+    Dispatch,
+    Effect,
+    InvokeModel,
+    Ledger,
+    ModelReply,
+    Reconcile,
+    drive,
+)
 from boundloop.results import RunResult
 
 
@@ -31,11 +41,13 @@ class _Run(msgspec.Struct):
 class SupervisorActor(pykka.ThreadingActor):
     """Drives the runs given to it (``StartRun``) until each returns its RunResult."""
 
-    def __init__(self, journal: Journal, executor: pykka.ActorRef[Any], workers: Workers,
+    def __init__(self, journal: Journal, executor: pykka.ActorRef[Any],
+                 budget: pykka.ActorRef[Any], workers: Workers,
                  on_finished: Callable[[str], None]) -> None:
         super().__init__()
         self.journal = journal
         self.executor = executor
+        self.budget = budget
         self.workers = workers
         self.on_finished = on_finished
         self.runs: dict[str, _Run] = {}
@@ -98,6 +110,12 @@ class SupervisorActor(pykka.ThreadingActor):
                     me.tell(EffectDone(run_id, reply))
 
                 future.add_done_callback(responded)
+            case Ledger():
+                def settled(reply: Any) -> None:
+                    me.tell(EffectDone(run_id, reply))
+
+                self.budget.tell(Settle(run_id, settled, effect.reserve, effect.tool_calls,
+                                        effect.usage, effect.close))
             case Dispatch() | Reconcile():
                 def completed(outcomes: Any, err: BaseException | None) -> None:
                     me.tell(EffectDone(run_id, outcomes, err))

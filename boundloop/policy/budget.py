@@ -215,3 +215,49 @@ def carve(parent: Remaining, asked: Budget) -> Budget:
         max_total_tokens=smaller(asked.max_total_tokens, parent.total_tokens),
         max_cost=smaller(asked.max_cost, parent.cost),
     )
+
+
+class TreeLeft(msgspec.Struct, frozen=True):
+    """What the run's ancestors have left (None where unbounded all the way up)."""
+
+    tool_calls: int | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    cost: float | None = None
+
+
+class ChildSpend(msgspec.Struct, frozen=True):
+    """What one descendant spent since its ancestor last asked."""
+
+    child_run_id: str
+    tool_calls: int
+    usage: Usage
+
+
+class LedgerReply(msgspec.Struct, frozen=True):
+    """The authority's answer: whether a reservation was granted, what descendants spent,
+    and what the ancestors have left."""
+
+    granted: bool
+    children: list[ChildSpend]
+    left: TreeLeft
+
+
+def within_tree(budget: Budget, tool_calls: int, usage: Usage, left: TreeLeft) -> Budget:
+    """``budget`` narrowed so the run cannot spend more than its ancestors have left, given
+    what it has used (SPEC 8: a child never gets a fresh allowance)."""
+
+    def cap(own: Any, used: float, room: Any) -> Any:
+        if room is None:
+            return own
+        return used + room if own is None else min(own, used + room)
+
+    return msgspec.structs.replace(
+        budget,
+        max_tool_calls=cap(budget.max_tool_calls, tool_calls, left.tool_calls),
+        max_input_tokens=cap(budget.max_input_tokens, usage.all_input_tokens, left.input_tokens),
+        max_output_tokens=cap(budget.max_output_tokens, usage.output_tokens, left.output_tokens),
+        max_total_tokens=cap(budget.max_total_tokens, usage.total_tokens, left.total_tokens),
+        max_cost=cap(budget.max_cost, usage.cost or 0.0, left.cost),
+    )

@@ -80,6 +80,8 @@ class RunState(msgspec.Struct):
     admitted: bool = False
     calls: dict[str, CallRecord] = msgspec.field(default_factory=dict)
     reserved_ids: set[str] = msgspec.field(default_factory=set)
+    child_tool_calls: int = 0
+    child_usage: Usage = msgspec.field(default_factory=Usage)
     malformed: int = 0
     reservation: Usage | None = None
     round_calls: list[str] = msgspec.field(default_factory=list)
@@ -176,6 +178,8 @@ def apply(state: RunState, event: ev.Event) -> RunState:
         case ev.ChildCharged():
             state.tool_calls += event.tool_calls
             state.usage = state.usage + event.usage
+            state.child_tool_calls += event.tool_calls
+            state.child_usage = state.child_usage + event.usage
         case ev.CallDecided():
             if event.execution_id in state.calls:
                 raise ReplayError(f"execution {event.execution_id!r} decided twice")

@@ -1,0 +1,138 @@
+"""The budget authority: one ledger for a whole run tree.
+
+A nested run draws on what every ancestor has left. Tool calls are reserved here
+atomically, so parallel children of one run can never together exceed what it has left;
+usage is charged to every ancestor as it is spent, and each ancestor folds what its
+descendants spent into its own journal (``ChildCharged``) at its next decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pykka
+
+from boundloop.policy.budget import Budget, ChildSpend, LedgerReply, TreeLeft, Usage
+
+
+class Open(msgspec.Struct):
+    """Track ``run_id`` (under ``parent``), having already spent what is given."""
+
+    run_id: str
+    parent: str | None
+    budget: Budget
+    tool_calls: int = 0
+    usage: Usage = msgspec.field(default_factory=Usage)
+
+
+class Settle(msgspec.Struct):
+    """Charge own spend, reserve ``reserve`` tool calls, and reply with a LedgerReply."""
+
+    run_id: str
+    reply: Callable[[LedgerReply], None]
+    reserve: int = 0
+    tool_calls: int = 0
+    usage: Usage | None = None
+    close: bool = False
+
+
+class Left(msgspec.Struct):
+    """Reply (to an ask) with what ``run_id`` and its ancestors have left."""
+
+    run_id: str
+
+
+class Close(msgspec.Struct):
+    """Forget a finished run (its ancestors keep what it spent)."""
+
+    run_id: str
+
+
+class _Node(msgspec.Struct):
+    parent: str | None
+    budget: Budget
+    tool_calls: int = 0
+    usage: Usage = msgspec.field(default_factory=Usage)
+    unfolded: dict[str, ChildSpend] = msgspec.field(default_factory=dict)
+
+
+def _min(a: Any, b: Any) -> Any:
+    return b if a is None else a if b is None else min(a, b)
+
+
+class BudgetActor(pykka.ThreadingActor):
+    """Holds the ledger of every run tree of one runner."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nodes: dict[str, _Node] = {}
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case Open():
+                if message.run_id not in self.nodes:
+                    self.nodes[message.run_id] = _Node(message.parent, message.budget,
+                                                       message.tool_calls, message.usage)
+            case Settle():
+                reply = self._settle(message)
+                if message.close:
+                    self.nodes.pop(message.run_id, None)
+                message.reply(reply)
+            case Left(run_id=run_id):
+                return self._left(run_id, include_self=True)
+            case Close(run_id=run_id):
+                self.nodes.pop(run_id, None)
+        return None
+
+    def _chain(self, run_id: str) -> list[tuple[str, _Node]]:
+        out = []
+        current: str | None = run_id
+        while current is not None and current in self.nodes:
+            out.append((current, self.nodes[current]))
+            current = self.nodes[current].parent
+        return out
+
+    def _charge(self, run_id: str, calls: int, usage: Usage) -> None:
+        for name, node in self._chain(run_id):
+            node.tool_calls += calls
+            node.usage = node.usage + usage
+            if name != run_id:
+                had = node.unfolded.get(run_id)
+                node.unfolded[run_id] = ChildSpend(
+                    run_id, calls + (had.tool_calls if had else 0),
+                    usage + had.usage if had else usage)
+
+    def _left(self, run_id: str, include_self: bool) -> TreeLeft:
+        left = TreeLeft()
+        for name, node in self._chain(run_id):
+            if name == run_id and not include_self:
+                continue
+            b, u = node.budget, node.usage
+
+            def room(limit: float | None, used: float) -> Any:
+                return None if limit is None else max(limit - used, 0)
+
+            left = TreeLeft(
+                _min(left.tool_calls, room(b.max_tool_calls, node.tool_calls)),
+                _min(left.input_tokens, room(b.max_input_tokens, u.all_input_tokens)),
+                _min(left.output_tokens, room(b.max_output_tokens, u.output_tokens)),
+                _min(left.total_tokens, room(b.max_total_tokens, u.total_tokens)),
+                _min(left.cost, room(b.max_cost, u.cost or 0.0)))
+        return left
+
+    def _settle(self, m: Settle) -> LedgerReply:
+        if m.tool_calls or m.usage is not None:
+            self._charge(m.run_id, m.tool_calls, m.usage or Usage())
+        granted = True
+        if m.reserve:
+            room = self._left(m.run_id, include_self=False).tool_calls
+            granted = room is None or room >= m.reserve
+            if granted:
+                self._charge(m.run_id, m.reserve, Usage())
+        node = self.nodes.get(m.run_id)
+        children = list(node.unfolded.values()) if node is not None else []
+        if node is not None:
+            node.unfolded = {}
+        return LedgerReply(granted, children, self._left(m.run_id, include_self=False))
