@@ -1,12 +1,20 @@
-"""The tool executor: runs handlers with timeouts, ``max_parallel``, retries, reconcile."""
+"""The tool executor: runs handlers with timeouts, ``max_parallel``, retries and reconcile.
+
+It is a message-driven state machine: handlers run on the workers' pools (or event loop),
+their completions, timeouts and retry delays come back as messages, and the actor's own
+thread never waits on a handler.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import functools
+import itertools
 import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
+import msgspec
 import pykka
 
 from boundloop.actors.messages import DispatchBatch
@@ -15,117 +23,241 @@ from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
 from boundloop.tools import ToolContext
 
 
-class ExecutorActor(pykka.ThreadingActor):
-    """Performs Dispatch effects; the calls run on the workers, never on this thread."""
-
-    def __init__(self, workers: Workers) -> None:
-        super().__init__()
-        self.workers = workers
-
-    def on_receive(self, message: Any) -> Any:
-        future: Any
-        match message:
-            case DispatchBatch(dispatch=Reconcile(planned=planned), reply=reply):
-                future = self.workers.spawn(_reconcile(self.workers, planned))
-            case DispatchBatch(dispatch=Dispatch() as dispatch, reply=reply):
-                future = self.workers.spawn(run_batch(self.workers, dispatch))
-            case _:
-                return None
-
-        def done(f: Any) -> None:
-            exc = f.exception()
-            reply(None if exc else f.result(), exc)
-
-        future.add_done_callback(done)
-        return None
+class _Done(msgspec.Struct):
+    batch: int
+    index: int
+    generation: int
+    value: Any = None
+    error: BaseException | None = None
 
 
-async def run_batch(workers: Workers, d: Dispatch) -> list[Outcome]:
-    """Run a batch, at most ``max_parallel`` at once, and return outcomes in model order."""
-    sem = asyncio.Semaphore(d.max_parallel or max(len(d.calls), 1))
-    allowance = [d.retry_allowance]
-
-    async def one(p: Planned) -> Outcome:
-        async with sem:
-            return await run_call(workers, d, p, allowance)
-
-    return list(await asyncio.gather(*(one(p) for p in d.calls)))
+class _TimedOut(msgspec.Struct):
+    batch: int
+    index: int
+    generation: int
 
 
-def _why_not(d: Dispatch) -> str | None:
-    if d.cancel.cancelled:
-        return "cancelled"
-    if d.deadline is not None and d.clock.monotonic() >= d.deadline:
-        return "deadline"
-    return None
+class _Retry(msgspec.Struct):
+    batch: int
+    index: int
 
 
-async def _reconcile(workers: Workers, p: Planned) -> tuple[bool | None, Any]:
-    if p.tool.reconcile is None:
-        return None, None
-    try:
-        value = await asyncio.wait_for(
-            workers.call(workers.tool_pool, p.tool.reconcile, p.idempotency_key),
-            p.tool.timeout_s)
-    except Exception:  # noqa: BLE001 - reconcile raising means it cannot tell
+class _Reconciled(msgspec.Struct):
+    batch: int
+    index: int
+    generation: int
+    took: bool | None
+    value: Any = None
+
+
+class _Call(msgspec.Struct):
+    planned: Planned
+    outcome: Outcome
+    attempt: int
+    generation: int = 0
+    started: float = 0.0
+    timeout: float | None = None
+
+
+class _Batch(msgspec.Struct):
+    dispatch: Dispatch
+    reply: Callable[[Any, BaseException | None], None]
+    calls: list[_Call]
+    waiting: deque[int]
+    allowance: int
+    running: int = 0
+    finished: int = 0
+
+
+def reconcile_result(value: Any, error: BaseException | None) -> tuple[bool | None, Any]:
+    """``reconcile``'s answer: (True, result) took effect; (False, None) did not; (None,
+    None) cannot tell (it raised)."""
+    if error is not None:
         return None, None
     return (False, None) if value is None else (True, value)
 
 
-async def run_call(workers: Workers, d: Dispatch, p: Planned, allowance: list[int]) -> Outcome:
-    """Every attempt of one call; the first is skipped when cancellation or the deadline
-    came first."""
-    outcome = Outcome(p.execution_id)
-    tool, policy = p.tool, p.tool.retry
-    attempt = p.first_attempt
-    while True:
-        why = _why_not(d)
+class ExecutorActor(pykka.ThreadingActor):
+    """Performs Dispatch and Reconcile effects."""
+
+    def __init__(self, workers: Workers) -> None:
+        super().__init__()
+        self.workers = workers
+        self.batches: dict[int, _Batch] = {}
+        self._ids = itertools.count()
+
+    def _tell_when_done(self, future: Future[Any], make: Callable[[Any, BaseException | None],
+                                                                  Any]) -> None:
+        me = self.actor_ref
+
+        def done(f: Future[Any]) -> None:
+            exc = f.exception()
+            me.tell(make(None if exc is not None else f.result(), exc))
+
+        future.add_done_callback(done)
+
+    def on_receive(self, message: Any) -> Any:
+        match message:
+            case DispatchBatch(dispatch=Reconcile(planned=p), reply=reply):
+                if p.tool.reconcile is None:
+                    reply((None, None), None)
+                    return None
+                future = self.workers.submit(self.workers.tool_pool, p.tool.reconcile,
+                                             p.idempotency_key)
+                future.add_done_callback(
+                    lambda f: reply(reconcile_result(None if f.exception() else f.result(),
+                                                     f.exception()), None))
+            case DispatchBatch(dispatch=Dispatch() as d, reply=reply):
+                self._start_batch(d, reply)
+            case _Done() | _TimedOut() | _Reconciled() | _Retry():
+                batch = self.batches.get(message.batch)
+                if batch is not None:
+                    self._on_event(batch, message)
+        return None
+
+    # -- batches -----------------------------------------------------------------------
+    def _start_batch(self, d: Dispatch,
+                     reply: Callable[[Any, BaseException | None], None]) -> None:
+        bid = next(self._ids)
+        calls = [_Call(p, Outcome(p.execution_id), p.first_attempt) for p in d.calls]
+        batch = _Batch(d, reply, calls, deque(range(len(calls))), d.retry_allowance)
+        self.batches[bid] = batch
+        if not calls:
+            self._reply(bid, batch)
+            return
+        self._fill(bid, batch)
+
+    def _fill(self, bid: int, batch: _Batch) -> None:
+        limit = batch.dispatch.max_parallel or len(batch.calls)
+        while batch.waiting and batch.running < limit:
+            index = batch.waiting.popleft()
+            batch.running += 1
+            self._attempt(bid, batch, index)
+
+    def _why_not(self, d: Dispatch) -> str | None:
+        if d.cancel.cancelled:
+            return "cancelled"
+        if d.deadline is not None and d.clock.monotonic() >= d.deadline:
+            return "deadline"
+        return None
+
+    def _attempt(self, bid: int, batch: _Batch, index: int) -> None:
+        d, call = batch.dispatch, batch.calls[index]
+        why = self._why_not(d)
         if why is not None:
-            if not outcome.attempts:
-                outcome.skipped = why
-            return outcome
+            if not call.outcome.attempts:
+                call.outcome.skipped = why
+            self._call_done(bid, batch)
+            return
+        tool, p = call.planned.tool, call.planned
         timeout = tool.timeout_s
         if d.deadline is not None:
             left = max(d.deadline - d.clock.monotonic(), 0.001)
             timeout = left if timeout is None else min(timeout, left)
         child = None if d.run_child is None or d.parent is None else \
-            functools.partial(d.run_child, d.parent, p.execution_id)
-        ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, attempt,
+            _bind(d.run_child, d.parent, p.execution_id)
+        ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, call.attempt,
                           d.deadline, d.cancel, child)
-        started = time.perf_counter()
-        task = asyncio.ensure_future(
-            workers.call(workers.tool_pool, tool.handler, **tool.bind(p.kwargs, ctx)))
-        finished, _ = await asyncio.wait({task}, timeout=timeout)
-        latency = time.perf_counter() - started
-        retryable = False
-        if not finished:
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
-            att = Attempt(attempt, "timeout", latency_s=latency, timeout_s=timeout or 0.0,
-                          error=f"the call timed out after {timeout:.3g}s; whether it took "
-                                "effect is not known")
-            att.reconciled, att.reconciled_value = await _reconcile(workers, p)
-            outcome.attempts.append(att)
-            if att.reconciled is True:
-                return outcome
-            retryable = policy is not None and issubclass(TimeoutError, policy.retry_on) and (
-                att.reconciled is False or tool.idempotent)
+        call.generation += 1
+        call.started, call.timeout = time.perf_counter(), timeout
+        gen = call.generation
+        future = self.workers.submit(self.workers.tool_pool, tool.handler,
+                                     **tool.bind(p.kwargs, ctx))
+        self._tell_when_done(future, lambda v, e: _Done(bid, index, gen, v, e))
+        if timeout is not None:
+            me = self.actor_ref
+            self.workers.timer.after(timeout, lambda: me.tell(_TimedOut(bid, index, gen)))
+
+    def _on_event(self, batch: _Batch, m: _Done | _TimedOut | _Reconciled | _Retry) -> None:
+        bid = m.batch
+        call = batch.calls[m.index]
+        if isinstance(m, _Retry):
+            self._attempt(bid, batch, m.index)
+            return
+        if m.generation != call.generation:
+            return  # a completion after its timeout, or a timer after its completion
+        latency = time.perf_counter() - call.started
+        policy, tool = call.planned.tool.retry, call.planned.tool
+        match m:
+            case _Done(error=None):
+                call.generation += 1
+                call.outcome.attempts.append(Attempt(call.attempt, "ok", m.value,
+                                                     latency_s=latency))
+                self._call_done(bid, batch)
+            case _Done(error=exc) if exc is not None:
+                call.generation += 1
+                call.outcome.attempts.append(Attempt(
+                    call.attempt, "error", error=f"{type(exc).__name__}: {exc}",
+                    category=type(exc).__name__, latency_s=latency))
+                self._retry_or_done(bid, batch, m.index,
+                                    policy is not None and isinstance(exc, policy.retry_on))
+            case _TimedOut():
+                call.generation += 1
+                timeout = call.timeout or 0.0
+                call.outcome.attempts.append(Attempt(
+                    call.attempt, "timeout", latency_s=latency, timeout_s=timeout,
+                    error=f"the call timed out after {timeout:.3g}s; whether it took effect "
+                          "is not known"))
+                if tool.reconcile is None:
+                    self._retry_or_done(bid, batch, m.index, self._timeout_retryable(call, None))
+                    return
+                gen = call.generation
+                future = self.workers.submit(self.workers.tool_pool, tool.reconcile,
+                                             call.planned.idempotency_key)
+                self._tell_when_done(future, lambda v, e: _Reconciled(
+                    bid, m.index, gen, *reconcile_result(v, e)))
+                me = self.actor_ref
+                self.workers.timer.after(timeout or 1.0, lambda: me.tell(
+                    _Reconciled(bid, m.index, gen, None)))
+            case _Reconciled():
+                call.generation += 1
+                att = call.outcome.attempts[-1]
+                att.reconciled, att.reconciled_value = m.took, m.value
+                if m.took is True:
+                    self._call_done(bid, batch)
+                else:
+                    self._retry_or_done(bid, batch, m.index, self._timeout_retryable(call, m.took))
+
+    def _timeout_retryable(self, call: _Call, reconciled: bool | None) -> bool:
+        policy, tool = call.planned.tool.retry, call.planned.tool
+        return policy is not None and issubclass(TimeoutError, policy.retry_on) and (
+            reconciled is False or tool.idempotent)
+
+    def _retry_or_done(self, bid: int, batch: _Batch, index: int, retryable: bool) -> None:
+        d, call = batch.dispatch, batch.calls[index]
+        policy = call.planned.tool.retry
+        if policy is None or not retryable or batch.allowance <= 0 \
+                or call.attempt - call.planned.first_attempt + 1 >= policy.max_attempts:
+            self._call_done(bid, batch)
+            return
+        delay = policy.delay(call.attempt + 1)
+        if (d.deadline is not None and d.clock.monotonic() + delay >= d.deadline) \
+                or self._why_not(d) is not None:
+            self._call_done(bid, batch)
+            return
+        batch.allowance -= 1
+        call.attempt += 1
+        if delay > 0:
+            me = self.actor_ref
+            self.workers.timer.after(delay, lambda: me.tell(_Retry(bid, index)))
         else:
-            exc = task.exception()
-            if exc is None:
-                outcome.attempts.append(Attempt(attempt, "ok", task.result(), latency_s=latency))
-                return outcome
-            outcome.attempts.append(Attempt(attempt, "error", error=f"{type(exc).__name__}: {exc}",
-                                            category=type(exc).__name__, latency_s=latency))
-            retryable = policy is not None and isinstance(exc, policy.retry_on)
-        if policy is None or not retryable or attempt - p.first_attempt + 1 >= policy.max_attempts \
-                or allowance[0] <= 0:
-            return outcome
-        delay = policy.delay(attempt + 1)
-        if d.deadline is not None and d.clock.monotonic() + delay >= d.deadline:
-            return outcome
-        if _why_not(d) is not None:
-            return outcome
-        allowance[0] -= 1
-        if delay:
-            await asyncio.sleep(delay)
-        attempt += 1
+            self._attempt(bid, batch, index)
+
+    def _call_done(self, bid: int, batch: _Batch) -> None:
+        batch.running -= 1
+        batch.finished += 1
+        if batch.finished == len(batch.calls):
+            self._reply(bid, batch)
+        else:
+            self._fill(bid, batch)
+
+    def _reply(self, bid: int, batch: _Batch) -> None:
+        del self.batches[bid]
+        batch.reply([c.outcome for c in batch.calls], None)
+
+
+def _bind(run_child: Callable[..., Any], parent: Any, execution_id: str) -> Callable[..., Any]:
+    def child(*args: Any, **kwargs: Any) -> Any:
+        return run_child(parent, execution_id, *args, **kwargs)
+
+    return child

@@ -99,8 +99,8 @@ class SupervisorActor(pykka.ThreadingActor):
                 self.journal.submit(run_id, run.seq, events, committed)
             case InvokeModel():
                 started = time.perf_counter()
-                future = self.workers.spawn(self.workers.call(
-                    self.workers.model_pool, effect.model, effect.history, effect.ctx))
+                future = self.workers.submit(self.workers.model_pool, effect.model,
+                                             effect.history, effect.ctx)
 
                 def responded(f: Future[Any]) -> None:
                     latency = time.perf_counter() - started

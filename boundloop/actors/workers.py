@@ -1,62 +1,127 @@
 """Where user code runs: bounded thread pools for sync callables, one asyncio loop for
-``async def`` ones (so a thousand waiting async calls cost no threads)."""
+``async def`` ones (so a thousand waiting async calls cost no threads), and one timer
+thread for timeouts and retry delays."""
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import heapq
 import inspect
+import itertools
 import threading
-from collections.abc import Callable, Coroutine
+import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+
+def _is_async(fn: Callable[..., Any]) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
+
+
+class Timer:
+    """Runs callbacks after delays, on one thread (no thread per timeout)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="boundloop-timer", daemon=True)
+        self._thread.start()
+
+    def after(self, delay: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` (on the timer thread; keep it short) ``delay`` seconds from now."""
+        with self._cond:
+            heapq.heappush(self._heap, (time.monotonic() + max(delay, 0.0), next(self._seq), fn))
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopped and (not self._heap
+                                             or self._heap[0][0] > time.monotonic()):
+                    wait = None if not self._heap else self._heap[0][0] - time.monotonic()
+                    self._cond.wait(wait)
+                if self._stopped:
+                    return
+                _, _, fn = heapq.heappop(self._heap)
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a callback must not stop the timer
+                pass
+
+    def close(self) -> None:
+        """Stop; callbacks not yet due never run."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
 
 
 class Workers:
-    """Thread pools for models and tools, and the event-loop thread that schedules them."""
+    """Thread pools for models and tools, the event loop for async ones, and the timer."""
 
     def __init__(self, model_threads: int = 32, tool_threads: int = 32) -> None:
         self.model_pool = ThreadPoolExecutor(model_threads, thread_name_prefix="boundloop-model")
         self.tool_pool = ThreadPoolExecutor(tool_threads, thread_name_prefix="boundloop-tool")
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="boundloop-loop",
-                                        daemon=True)
-        self._thread.start()
+        self.timer = Timer()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
 
-    def spawn(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        """Run ``coro`` on the loop thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop for async callables, started on first use."""
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._loop.run_forever,
+                                                name="boundloop-loop", daemon=True)
+                self._thread.start()
+            return self._loop
 
-    async def call(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any,
-                   **kwargs: Any) -> Any:
-        """Await ``fn(*args, **kwargs)``: on the loop if it is async, else on ``pool``."""
-        if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-                getattr(fn, "__call__", None)):  # noqa: B004 - async callable objects
-            return await fn(*args, **kwargs)
-        result = await self.loop.run_in_executor(pool, functools.partial(fn, *args, **kwargs))
-        if inspect.isawaitable(result):
-            return await result
+    def submit(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any,
+               **kwargs: Any) -> Future[Any]:
+        """Start ``fn(*args, **kwargs)``: on the loop if it is async, else on ``pool``."""
+        if _is_async(fn):
+            return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self.loop)
+        return pool.submit(self._call_sync, fn, args, kwargs)
+
+    def _call_sync(self, fn: Callable[..., Any], args: tuple[Any, ...],
+                   kwargs: dict[str, Any]) -> Any:
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):  # a sync callable that returned a coroutine
+            return asyncio.run_coroutine_threadsafe(_await(result), self.loop).result()
         return result
 
-    async def _cancel_all(self) -> None:
-        # Tasks of timed-out calls may still wait on their threads; cancel them so the
-        # loop stops cleanly instead of destroying pending tasks.
-        me = asyncio.current_task()
-        tasks = [t for t in asyncio.all_tasks(self.loop) if t is not me]
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
     def close(self) -> None:
-        """Stop the loop and the pools (handlers still running are not waited for)."""
-        if self.loop.is_running():
+        """Stop the loop, the timer and the pools (handlers still running are not waited
+        for: a timed-out handler finishes in the background)."""
+        self.timer.close()
+        loop = self._loop
+        if loop is not None and loop.is_running():
             try:
-                self.spawn(self._cancel_all()).result(timeout=5)
+                asyncio.run_coroutine_threadsafe(_cancel_all(), loop).result(timeout=5)
             except Exception:  # noqa: BLE001 - closing goes on regardless
                 pass
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=5)
+            loop.call_soon_threadsafe(loop.stop)
+            if self._thread is not None:
+                self._thread.join(timeout=5)
         self.model_pool.shutdown(wait=False, cancel_futures=True)
         self.tool_pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _await(awaitable: Any) -> Any:
+    return await awaitable
+
+
+async def _cancel_all() -> None:
+    # Tasks of timed-out async calls may still be pending; cancel them so the loop stops
+    # cleanly instead of destroying pending tasks.
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

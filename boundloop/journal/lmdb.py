@@ -121,6 +121,7 @@ class LmdbJournal(Journal):
             os.chmod(self.path / name, 0o600)
         self._max_map_size = max(max_map_size, map_size)
         self._gate = _Gate()
+        self._commits = 0
         self._pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
@@ -256,7 +257,9 @@ class LmdbJournal(Journal):
         try:
             if self._closed:
                 raise JournalUnavailable(f"the journal at {self.path} is closed")
-            if self._used_fraction() > 0.8:
+            self._commits += 1
+            # Checking the fill level costs two LMDB calls: every 64th commit is enough.
+            if self._commits % 64 == 1 and self._used_fraction() > 0.8:
                 self._grow()  # before it is full, so a full map is the rare path
             for tries in range(8):
                 outcomes = []
