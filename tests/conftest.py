@@ -19,3 +19,17 @@ def journal_dir(tmp_path: Path) -> Path:
 def runner(journal_dir: Path) -> Iterator[bl.Runner]:
     with bl.Runner(journal_dir) as r:
         yield r
+
+
+@pytest.fixture
+def echo() -> tuple[bl.Tool, list[str]]:
+    """A read-only tool that returns its text, and the texts it was called with."""
+    ran: list[str] = []
+
+    @bl.tool(read_only=True)
+    def echo(text: str) -> str:
+        """Echo the text."""
+        ran.append(text)
+        return text
+
+    return echo, ran
