@@ -4,6 +4,7 @@ A model proposes tool calls; the runner decides whether each happens, journals e
 intent durably before its effect, and can rebuild any run by replaying its events.
 """
 
+from boundloop import events
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock, FakeClock
 from boundloop.context import ModelContext
@@ -18,6 +19,29 @@ from boundloop.errors import (
     RunnerClosed,
     SequenceConflict,
     UnknownRun,
+)
+from boundloop.events import (
+    CallDecided,
+    CallDispatched,
+    CallFailed,
+    CallOutcomeUnknown,
+    CallReconciled,
+    CallResolved,
+    CallSkipped,
+    CallSucceeded,
+    CallTimedOut,
+    ChildCharged,
+    Event,
+    ModelStepCompleted,
+    ModelStepFailed,
+    ModelStepStarted,
+    NoticeAdded,
+    OwnerClaimed,
+    RoundCompleted,
+    RunAdmitted,
+    RunFinished,
+    RunResumed,
+    UsageCharged,
 )
 from boundloop.messages import (
     CallMessage,
@@ -50,8 +74,12 @@ __all__ = [
     "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy",
-    # replay
-    "replay", "apply", "RunState", "ReplayError",
+    # replay and journal events
+    "replay", "apply", "RunState", "ReplayError", "events", "Event", "RunAdmitted",
+    "ModelStepStarted", "ModelStepCompleted", "ModelStepFailed", "NoticeAdded", "UsageCharged",
+    "CallDecided", "CallDispatched", "CallSucceeded", "CallFailed", "CallTimedOut",
+    "CallOutcomeUnknown", "CallReconciled", "CallSkipped", "CallResolved", "RoundCompleted",
+    "ChildCharged", "OwnerClaimed", "RunResumed", "RunFinished",
     # time
     "Clock", "FakeClock",
     # errors

@@ -41,9 +41,15 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def journal_dir(value: str | None) -> str:
-    """``--journal``, else ``$BOUNDLOOP_JOURNAL``, else ``./.boundloop``."""
+    """``--journal`` (the command's, else the group's), else ``$BOUNDLOOP_JOURNAL``, else
+    ``./.boundloop``."""
     from boundloop.inspect import journal_dir as resolve
 
+    if value is None:
+        ctx = click.get_current_context(silent=True)
+        root = ctx.find_root() if ctx is not None else None
+        if root is not None and isinstance(root.obj, dict):
+            value = root.obj.get("journal")
     return resolve(value)
 
 
@@ -129,8 +135,13 @@ def _tokens(usage: Any) -> str:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
-def cli() -> None:
+@click.option("--journal", "journal", default=None, metavar="DIR",
+              help="Journal directory for every command (default: $BOUNDLOOP_JOURNAL or "
+                   "./.boundloop); a command's own --journal wins.")
+@click.pass_context
+def cli(ctx: click.Context, journal: str | None) -> None:
     """boundloop: LLM tool loops under hard budgets, on a durable event journal."""
+    ctx.obj = {"journal": journal}
 
 
 @cli.command()
@@ -160,7 +171,10 @@ def demo(journal: str | None, as_json: bool) -> None:
         table.add_row(str(r["scenario"]), str(r["status"]), str(r["limit"] or "-"),
                       str(r["model_steps"]), str(r["tool_calls"]))
     Console(width=max(Console().width, 100)).print(table)
-    click.echo(f"journal: {os.path.abspath(journal_dir(journal))}")
+    for r in rows:
+        click.echo(f"- {r['scenario']} ({r['run_id']}): {r['explanation']}")
+    click.echo(f"journal: {os.path.abspath(journal_dir(journal))}  "
+               "(`boundloop show RUN_ID` prints a run's timeline)")
 
 
 # -- runs ----------------------------------------------------------------------------------
@@ -191,7 +205,7 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
         if lim not in (*LIMITS, "any"):
             raise click.BadParameter(f"{lim!r} is not a limit ({', '.join(LIMITS)}, any)",
                                      param_hint="'--limit-hit'")
-    with open_journal(journal) as j:
+    with open_journal(journal_dir(journal)) as j:
         found = list_runs(j, status=statuses, limit_hit=limits, since_s=since,
                           older_than_s=older_than, last=last)
     if as_json:
@@ -217,7 +231,7 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     """Show a run's timeline: what it did, and why it stopped."""
     from boundloop.inspect import open_journal, read_events, timeline
 
-    with open_journal(journal) as j:
+    with open_journal(journal_dir(journal)) as j:
         tl = timeline(read_events(j, run_id))
     if as_json:
         _echo_json(tl)
@@ -313,7 +327,7 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
                                      param_hint="'--events'") from None
     else:
         assert run_id is not None
-        with open_journal(journal) as j:
+        with open_journal(journal_dir(journal)) as j:
             events = read_events(j, run_id)
     rebuilt = rebuild(events)
     report = None
@@ -390,7 +404,7 @@ def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool) 
     from boundloop.inspect import open_journal
     from boundloop.inspect import prune as do_prune
 
-    with open_journal(journal) as j:
+    with open_journal(journal_dir(journal)) as j:
         report = do_prune(j, older_than, dry_run=dry_run)
     if as_json:
         _echo_json(report)
@@ -417,7 +431,7 @@ def export(journal: str | None, run_id: str, strip_content: bool, output: str | 
     (`boundloop replay --events FILE` reads them back)."""
     from boundloop.inspect import export_lines, open_journal, read_events
 
-    with open_journal(journal) as j:
+    with open_journal(journal_dir(journal)) as j:
         lines = list(export_lines(read_events(j, run_id), j.secret_key,
                                   strip_content=strip_content))
     text = "".join(line + "\n" for line in lines)
@@ -433,12 +447,14 @@ def export(journal: str | None, run_id: str, strip_content: bool, output: str | 
 
 
 # -- recovery ------------------------------------------------------------------------------
+OUTCOMES = ["succeeded", "failed", "abandoned"]
+
 def _runner(journal: str | None) -> Any:
     """A Runner on an existing journal (never creates one), and the journal to close."""
-    from boundloop.journal.lmdb import LmdbJournal
+    from boundloop.inspect import open_journal
     from boundloop.runner import Runner
 
-    j = LmdbJournal(journal_dir(journal), create=False)
+    j = open_journal(journal_dir(journal))
     return Runner(j, model_threads=1, tool_threads=1, supervisors=1), j
 
 
@@ -482,14 +498,21 @@ def recover(journal: str | None, as_json: bool) -> None:
 @journal_option
 @click.argument("run_id")
 @click.argument("execution_id")
-@click.option("--outcome", required=True,
-              type=click.Choice(["succeeded", "failed", "abandoned"]),
+@click.argument("outcome_arg", metavar="[OUTCOME]", required=False,
+                type=click.Choice(OUTCOMES))
+@click.option("--outcome", type=click.Choice(OUTCOMES),
               help="succeeded: it took effect; failed: it did not; abandoned: nobody can tell.")
 @click.option("--note", default="", help="Why (kept in the journal).")
 @click.option("--by", default=None, help="Who decided (default: user@host).")
-def resolve(journal: str | None, run_id: str, execution_id: str, outcome: str, note: str,
-            by: str | None) -> None:
-    """Record a person's decision on an unresolved action of RUN_ID."""
+def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: str | None,
+            outcome: str | None, note: str, by: str | None) -> None:
+    """Record a person's decision on an unresolved action of RUN_ID: OUTCOME (or --outcome)
+    is succeeded, failed or abandoned."""
+    if outcome_arg and outcome and outcome_arg != outcome:
+        raise click.UsageError(f"two outcomes given: {outcome_arg} and --outcome {outcome}")
+    outcome = outcome or outcome_arg
+    if outcome is None:
+        raise click.UsageError("give the outcome: succeeded, failed or abandoned")
     runner, j = _runner(journal)
     try:
         state = runner.resolve(run_id, execution_id, outcome, note, by=by)

@@ -100,6 +100,7 @@ class CallDecided(Event, frozen=True, tag="call.decided"):
     idempotent: bool = False
     irreversible: bool = False
     redacted: bool = False
+    validated: dict[str, Any] | None = None
 
 
 class CallDispatched(Event, frozen=True, tag="call.dispatched"):

@@ -943,7 +943,7 @@ def _scrub(value: Any, key: bytes, strip: bool) -> Any:
             already = isinstance(v, str) and v.startswith(PREFIX)
             if not isinstance(k, str) or already:
                 out[k] = _scrub(v, key, strip)
-            elif strip and k == "arguments" and isinstance(v, dict):
+            elif strip and k in ("arguments", "validated") and isinstance(v, dict):
                 # Arguments stay an object (the schema says so); each value is digested.
                 out[k] = {name: arg if isinstance(arg, str) and arg.startswith(PREFIX)
                           else digest(key, arg) for name, arg in v.items()}

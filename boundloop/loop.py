@@ -20,9 +20,16 @@ from boundloop import events as ev
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
-from boundloop.errors import JournalError
-from boundloop.messages import CallMessage, CallTools, Final, Message, ToolCall, ToolResultMessage
-from boundloop.messages import copy_history as _copy_history
+from boundloop.errors import ConfigError, JournalError
+from boundloop.messages import (
+    CallMessage,
+    CallTools,
+    Final,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    copy_history,
+)
 from boundloop.policy import decide
 from boundloop.policy.budget import (
     Budget,
@@ -209,6 +216,7 @@ class _Driver:
         self.charged: tuple[int, Usage] = (0, Usage())
         self.snapshot: tuple[int, Usage] = (0, Usage())
         self.current = self.budget
+        self.pre_dispatched: set[str] = set()
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -230,7 +238,9 @@ class _Driver:
         match event:
             case ev.CallDecided():
                 args, changed = self._redact(event.tool, event.arguments)
-                return replace(event, arguments=args, redacted=changed) if changed else event
+                validated = None if event.validated is None else \
+                    self._redact(event.tool, event.validated)[0]
+                return replace(event, arguments=args, redacted=changed, validated=validated)
             case ev.CallSucceeded() | ev.CallReconciled():
                 rec = self.state.calls[event.execution_id]
                 content, changed = self._redact(rec.tool, event.content)
@@ -411,7 +421,13 @@ class _Driver:
     def reservation(self) -> Usage:
         spec = self.spec
         if spec.estimator is not None:
-            usage = spec.estimator(self.state.transcript, spec.model)
+            estimate = spec.estimator(copy_history(self.state.transcript), spec.model)
+            if isinstance(estimate, int) and not isinstance(estimate, bool):
+                estimate = Usage(input_tokens=estimate)
+            if not isinstance(estimate, Usage):
+                raise ConfigError(f"the estimator must return a bl.Usage or an int of input "
+                                  f"tokens, not {type(estimate).__name__}")
+            usage = estimate
         else:
             size = len(_json.encode(self.state.transcript))
             usage = default_reservation(size, getattr(spec.model, "max_output_tokens", None))
@@ -437,7 +453,7 @@ class _Driver:
             remaining=remaining(budget, st.model_steps, st.tool_calls,
                                 st.usage - reservation, self.elapsed()),
             deadline=self.deadline, cancel=spec.cancel)
-        reply = yield InvokeModel(spec.model, _copy_history(st.transcript), ctx)
+        reply = yield InvokeModel(spec.model, copy_history(st.transcript), ctx)
         if reply.error is not None:
             detail = f"{type(reply.error).__name__}: {reply.error}"
             self.emit(ev.ModelStepFailed, step=step, reason="error", detail=detail,
@@ -454,7 +470,8 @@ class _Driver:
             self.emit(ev.ModelStepFailed, step=step, reason="malformed", detail=parsed.reason,
                       latency_s=reply.latency_s)
             self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
-            if st.malformed <= budget.malformed_retries:
+            retries = budget.malformed_retries
+            if retries is None or st.malformed <= retries:
                 self.emit(ev.NoticeAdded, text=NOTICE.format(reason=parsed.reason))
                 return None
             return decide.Stop("malformed_response", detail=parsed.reason)
@@ -528,11 +545,19 @@ class _Driver:
                       parent_step=spec.parent_step,
                       read_only=bool(tool and tool.read_only),
                       idempotent=bool(tool and tool.idempotent),
-                      irreversible=bool(tool and tool.irreversible))
+                      irreversible=bool(tool and tool.irreversible),
+                      validated=content_of(kwargs) if decision in ("allow", "skipped") else None)
             if decision == "allow" and tool is not None:
                 planned.append(Planned(spec.run_id, eid, key, call.id, tool, kwargs))
             elif decision == "skipped":
                 skipped.append(reason)
+        # The dispatch of the calls that start at once is recorded in the same commit as the
+        # decisions, right before they go to the executor: a crash from here on shows phase
+        # ``dispatched``. Calls queued behind max_parallel are recorded when they ran.
+        at_once = [p.execution_id for p in planned[:self.budget.max_parallel or len(planned)]]
+        self.pre_dispatched = set(at_once)
+        for eid in at_once:
+            self.emit(ev.CallDispatched, execution_id=eid, attempt=1)
         try:
             yield from self.commit()
         except JournalError as exc:
@@ -551,6 +576,12 @@ class _Driver:
             self.record(outcome)
             if outcome.skipped:
                 skipped.append(outcome.skipped)
+        review = [f"{p.tool.name} {p.execution_id}" for p in planned
+                  if p.tool.irreversible and st.calls[p.execution_id].status == "outcome_unknown"]
+        if review:
+            # The round stays open (no RoundCompleted): once a person resolves the action,
+            # resume puts the round's results into the history and the run goes on.
+            return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(review) + ".")
         self.emit(ev.RoundCompleted, step=step)
         if skipped:
             if "cancelled" in skipped or spec.cancel.cancelled:
@@ -576,9 +607,11 @@ class _Driver:
         if outcome.skipped:
             self.emit(ev.CallSkipped, execution_id=eid, reason=outcome.skipped)
             return
+        unknown = False  # an earlier attempt may have taken effect
         for i, att in enumerate(outcome.attempts):
             last = i == len(outcome.attempts) - 1
-            self.emit(ev.CallDispatched, execution_id=eid, attempt=att.attempt)
+            if att.attempt > 1 or eid not in self.pre_dispatched:
+                self.emit(ev.CallDispatched, execution_id=eid, attempt=att.attempt)
             if att.kind == "ok":
                 self.emit(ev.CallSucceeded, execution_id=eid, attempt=att.attempt,
                           latency_s=att.latency_s, **self.result_fields(att.value))
@@ -586,6 +619,11 @@ class _Driver:
                 self.emit(ev.CallFailed, execution_id=eid, attempt=att.attempt,
                           error_category=att.category, content=att.error,
                           latency_s=att.latency_s, retrying=not last)
+                if last and unknown:
+                    # A timeout is never a failure: the earlier attempt may have worked.
+                    self.emit(ev.CallOutcomeUnknown, execution_id=eid, attempt=att.attempt,
+                              content=f"an earlier attempt timed out and may have taken "
+                                      f"effect; the last one failed ({att.error})")
             else:
                 self.emit(ev.CallTimedOut, execution_id=eid, attempt=att.attempt,
                           timeout_s=att.timeout_s, latency_s=att.latency_s)
@@ -601,6 +639,7 @@ class _Driver:
                     self.emit(ev.CallOutcomeUnknown, execution_id=eid, attempt=att.attempt,
                               content=att.error or "the call timed out; whether it took "
                               "effect is not known")
+                unknown = unknown or att.reconciled is not False
 
 
 def drive(spec: RunSpec) -> Generator[Effect, Any, RunResult]:

@@ -26,8 +26,8 @@ class CompletedAction(msgspec.Struct, frozen=True):
 class UnresolvedAction(msgspec.Struct, frozen=True):
     """An action whose outcome is not known.
 
-    ``phase`` is ``dispatched`` when the journal recorded its dispatch, ``intended`` when it
-    holds only the decision, and ``abandoned`` once a person closed it without knowing.
+    ``phase`` is ``dispatched`` when the journal recorded its dispatch, else ``intended``.
+    ``abandoned`` is True once a person closed it without knowing (it stays listed).
     """
 
     run_id: str
@@ -37,6 +37,7 @@ class UnresolvedAction(msgspec.Struct, frozen=True):
     idempotency_key: str
     attempt: int
     phase: str
+    abandoned: bool = False
 
 
 class RunResult(msgspec.Struct, frozen=True):

@@ -32,6 +32,7 @@ from boundloop.errors import (
     SequenceConflict,
     UnknownRun,
 )
+from boundloop.journal import lmdb as lmdb_journal
 from boundloop.journal.base import Journal, OwnerRecord, check_run_id
 from boundloop.journal.lmdb import LmdbJournal
 from boundloop.loop import Estimator, ParentLink, Permit, RunSpec
@@ -44,9 +45,17 @@ from boundloop.results import RecoveredRun, RunResult
 from boundloop.tools import Tool
 
 
-def _tools(tools: Iterable[Any]) -> dict[str, Tool]:
+def _tools(tools: Iterable[Any] | Tool | None) -> dict[str, Tool]:
+    if tools is None:
+        return {}
+    if isinstance(tools, Tool) or (callable(tools) and not isinstance(tools, list | tuple)):
+        tools = [tools]
+    try:
+        items = list(tools)
+    except TypeError:
+        raise ConfigError(f"tools must be a list of bl.Tool objects, got {tools!r}") from None
     out: dict[str, Tool] = {}
-    for item in tools:
+    for item in items:
         if isinstance(item, Tool):
             t = item
         elif callable(item):
@@ -89,7 +98,7 @@ class Runner:
             raise ConfigError("supervisors must be at least 1")
         self._owns_journal = not isinstance(journal, Journal)
         self._journal: Journal = journal if isinstance(journal, Journal) else \
-            LmdbJournal(journal, sync=sync)
+            lmdb_journal.acquire(journal, sync=sync)
         self.read_only = read_only
         self.estimator = estimator
         self.price = price
@@ -417,8 +426,8 @@ class Runner:
                 self._journal.remove_owner(self.owner)
         except JournalError:
             pass
-        if self._owns_journal:
-            self._journal.close()
+        if self._owns_journal and isinstance(self._journal, LmdbJournal):
+            lmdb_journal.release(self._journal)
 
     def __enter__(self) -> Runner:
         return self

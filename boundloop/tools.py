@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Collection
@@ -43,11 +45,14 @@ class RetryPolicy:
                 or self.backoff_s < 0:
             raise ConfigError(f"RetryPolicy.backoff_s must be a number >= 0, got "
                               f"{self.backoff_s!r}")
-        retry_on = self.retry_on
-        if isinstance(retry_on, type):
-            object.__setattr__(self, "retry_on", (retry_on,))
-        elif not all(isinstance(t, type) and issubclass(t, BaseException) for t in retry_on):
-            raise ConfigError("RetryPolicy.retry_on must be exception types")
+        retry_on: Any = self.retry_on
+        try:
+            kinds = (retry_on,) if isinstance(retry_on, type) else tuple(retry_on)
+        except TypeError:
+            kinds = (retry_on,)
+        if not all(isinstance(t, type) and issubclass(t, BaseException) for t in kinds):
+            raise ConfigError(f"RetryPolicy.retry_on must be exception types, got {retry_on!r}")
+        object.__setattr__(self, "retry_on", kinds)
 
     def delay(self, attempt: int) -> float:
         """The delay before ``attempt`` (2 or more)."""
@@ -67,12 +72,30 @@ class ToolContext:
     cancel: CancelToken
     _run_child: Callable[..., RunResult] | None = dataclasses.field(default=None, repr=False)
 
-    def run_child(self, **kwargs: Any) -> RunResult:
-        """Run a nested run that draws on this run's budgets (SPEC 8); same arguments as
-        ``Runner.run``. Its limits are the smaller of what it asks and what is left here."""
+    def run_child(self, *args: Any, **kwargs: Any) -> RunResult:
+        """Run a nested run that draws on this run's budgets (SPEC 8) and wait for it; same
+        arguments as ``Runner.run``. Its shared limits are the smaller of what it asks and
+        what is left here. From an ``async def`` handler use ``await ctx.arun_child(...)``.
+
+        Raises:
+            ConfigError: called on an event loop (it would block the loop the child needs).
+        """
         if self._run_child is None:
             raise ConfigError("this call's context cannot start child runs")
-        return self._run_child(**kwargs)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return self._run_child(*args, **kwargs)
+        raise ConfigError("run_child waits for the child run and would block this event "
+                          "loop; in an async handler use `await ctx.arun_child(...)`")
+
+    async def arun_child(self, *args: Any, **kwargs: Any) -> RunResult:
+        """``run_child`` for ``async def`` handlers: awaits the child without blocking."""
+        if self._run_child is None:
+            raise ConfigError("this call's context cannot start child runs")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self._run_child, *args,
+                                                                  **kwargs))
 
 
 class ArgumentError(ValueError):

@@ -71,3 +71,24 @@ def test_a_short_drill_passes(tmp_path: Path) -> None:
     assert report["runs"] == 16 and report["runs_not_final"] == 0
     assert report["duplicate_executions"] == 0 and report["executed_without_intent"] == 0
     assert report["unresolved_missed"] == 0 and report["replay_mismatches"] == 0
+
+
+def test_journal_option_before_the_command_and_positional_outcome(tmp_path: Path) -> None:
+    journal, ledger = tmp_path / "j", tmp_path / "ledger"
+    demo = boundloop("--journal", str(journal), "demo")
+    assert demo.returncode == 0, demo.stderr
+    assert demo.stderr == ""  # no stray tracebacks from late handler completions
+    listed = boundloop("--journal", str(journal), "runs", "--json")
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 9
+    died = subprocess.run([sys.executable, str(WORKER), str(journal), str(ledger), "book",
+                           "--die"], capture_output=True, text=True, timeout=60)
+    assert died.returncode == -9
+    [found] = json.loads(boundloop("--journal", str(journal), "recover", "--json").stdout)
+    [action] = found["unresolved"]
+    assert action["phase"] == "dispatched"
+    ok = boundloop("--journal", str(journal), "resolve", RUN_ID, action["execution_id"],
+                   "failed", "--note", "no booking found")
+    assert ok.returncode == 0, ok.stderr
+    with bl.Runner(journal) as runner:
+        state = runner.state(RUN_ID)
+    assert state.open_actions == [] and state.calls[action["execution_id"]].status == "error"

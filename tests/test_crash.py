@@ -35,7 +35,7 @@ def test_crash_inside_irreversible_tool_needs_review(tmp_path: Path) -> None:
     with bl.Runner(journal) as runner:
         rec = recovered_one(runner)
         assert [(u.tool, u.call_id, u.attempt) for u in rec.unresolved] == [("ship", "c1", 1)]
-        assert rec.unresolved[0].phase in ("intended", "dispatched")
+        assert rec.unresolved[0].phase == "dispatched"  # recorded before the handler ran
         assert rec.unresolved[0].idempotency_key == ledger_lines(ledger)[0][0]
         result = runner.resume(RUN_ID, model=model_for(["ship"]), tools=make_tools(ledger))
         assert result.status == "needs_review"

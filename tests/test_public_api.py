@@ -25,8 +25,12 @@ EXPECTED = {
     "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy",
-    # replay
-    "replay", "apply", "RunState", "ReplayError",
+    # replay and journal events
+    "replay", "apply", "RunState", "ReplayError", "events", "Event", "RunAdmitted",
+    "ModelStepStarted", "ModelStepCompleted", "ModelStepFailed", "NoticeAdded", "UsageCharged",
+    "CallDecided", "CallDispatched", "CallSucceeded", "CallFailed", "CallTimedOut",
+    "CallOutcomeUnknown", "CallReconciled", "CallSkipped", "CallResolved", "RoundCompleted",
+    "ChildCharged", "OwnerClaimed", "RunResumed", "RunFinished",
     # time
     "Clock", "FakeClock",
     # errors

@@ -13,6 +13,9 @@ from boundloop.journal.base import Journal
 class AdmissionActor(pykka.ThreadingActor):
     """Keeps the set of runs in flight; answers ``Admit`` with None or the reason to reject."""
 
+    # Daemon threads: a runner that is never closed must not keep the process alive.
+    use_daemon_thread = True
+
     def __init__(self, journal: Journal, max_in_flight: int) -> None:
         super().__init__()
         self.journal = journal

@@ -65,6 +65,9 @@ def _min(a: Any, b: Any) -> Any:
 class BudgetActor(pykka.ThreadingActor):
     """Holds the ledger of every run tree of one runner."""
 
+    # Daemon threads: a runner that is never closed must not keep the process alive.
+    use_daemon_thread = True
+
     def __init__(self) -> None:
         super().__init__()
         self.nodes: dict[str, _Node] = {}

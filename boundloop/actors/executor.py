@@ -18,7 +18,7 @@ import msgspec
 import pykka
 
 from boundloop.actors.messages import DispatchBatch
-from boundloop.actors.workers import Workers
+from boundloop.actors.workers import Workers, tell
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
 from boundloop.tools import ToolContext
 
@@ -80,6 +80,9 @@ def reconcile_result(value: Any, error: BaseException | None) -> tuple[bool | No
 class ExecutorActor(pykka.ThreadingActor):
     """Performs Dispatch and Reconcile effects."""
 
+    # Daemon threads: a runner that is never closed must not keep the process alive.
+    use_daemon_thread = True
+
     def __init__(self, workers: Workers) -> None:
         super().__init__()
         self.workers = workers
@@ -92,7 +95,7 @@ class ExecutorActor(pykka.ThreadingActor):
 
         def done(f: Future[Any]) -> None:
             exc = f.exception()
-            me.tell(make(None if exc is not None else f.result(), exc))
+            tell(me, make(None if exc is not None else f.result(), exc))
 
         future.add_done_callback(done)
 
@@ -108,11 +111,19 @@ class ExecutorActor(pykka.ThreadingActor):
                     lambda f: reply(reconcile_result(None if f.exception() else f.result(),
                                                      f.exception()), None))
             case DispatchBatch(dispatch=Dispatch() as d, reply=reply):
-                self._start_batch(d, reply)
+                try:
+                    self._start_batch(d, reply)
+                except Exception as exc:  # noqa: BLE001 - fail this batch, keep the actor
+                    self.batches = {k: b for k, b in self.batches.items() if b.reply is not reply}
+                    reply(None, exc)
             case _Done() | _TimedOut() | _Reconciled() | _Retry():
                 batch = self.batches.get(message.batch)
                 if batch is not None:
-                    self._on_event(batch, message)
+                    try:
+                        self._on_event(batch, message)
+                    except Exception as exc:  # noqa: BLE001 - fail this batch, keep the actor
+                        self.batches.pop(message.batch, None)
+                        batch.reply(None, exc)
         return None
 
     # -- batches -----------------------------------------------------------------------
@@ -166,7 +177,7 @@ class ExecutorActor(pykka.ThreadingActor):
         self._tell_when_done(future, lambda v, e: _Done(bid, index, gen, v, e))
         if timeout is not None:
             me = self.actor_ref
-            self.workers.timer.after(timeout, lambda: me.tell(_TimedOut(bid, index, gen)))
+            self.workers.timer.after(timeout, lambda: tell(me, _TimedOut(bid, index, gen)))
 
     def _on_event(self, batch: _Batch, m: _Done | _TimedOut | _Reconciled | _Retry) -> None:
         bid = m.batch
@@ -207,8 +218,8 @@ class ExecutorActor(pykka.ThreadingActor):
                 self._tell_when_done(future, lambda v, e: _Reconciled(
                     bid, m.index, gen, *reconcile_result(v, e)))
                 me = self.actor_ref
-                self.workers.timer.after(timeout or 1.0, lambda: me.tell(
-                    _Reconciled(bid, m.index, gen, None)))
+                self.workers.timer.after(timeout or 1.0, lambda: tell(
+                    me, _Reconciled(bid, m.index, gen, None)))
             case _Reconciled():
                 call.generation += 1
                 att = call.outcome.attempts[-1]
@@ -239,7 +250,7 @@ class ExecutorActor(pykka.ThreadingActor):
         call.attempt += 1
         if delay > 0:
             me = self.actor_ref
-            self.workers.timer.after(delay, lambda: me.tell(_Retry(bid, index)))
+            self.workers.timer.after(delay, lambda: tell(me, _Retry(bid, index)))
         else:
             self._attempt(bid, batch, index)
 

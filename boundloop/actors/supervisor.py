@@ -17,7 +17,7 @@ import pykka
 
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
-from boundloop.actors.workers import Workers
+from boundloop.actors.workers import Workers, tell
 from boundloop.journal.base import Journal
 from boundloop.loop import (
     Commit,
@@ -40,6 +40,9 @@ class _Run(msgspec.Struct):
 
 class SupervisorActor(pykka.ThreadingActor):
     """Drives the runs given to it (``StartRun``) until each returns its RunResult."""
+
+    # Daemon threads: a runner that is never closed must not keep the process alive.
+    use_daemon_thread = True
 
     def __init__(self, journal: Journal, executor: pykka.ActorRef[Any],
                  budget: pykka.ActorRef[Any], workers: Workers,
@@ -94,7 +97,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 count = len(events)
 
                 def committed(err: BaseException | None) -> None:
-                    me.tell(EffectDone(run_id, None, err, count))
+                    tell(me, EffectDone(run_id, None, err, count))
 
                 self.journal.submit(run_id, run.seq, events, committed)
             case InvokeModel():
@@ -107,17 +110,17 @@ class SupervisorActor(pykka.ThreadingActor):
                     exc = f.exception()
                     reply = ModelReply(None, exc, latency) if exc is not None else \
                         ModelReply(f.result(), None, latency)
-                    me.tell(EffectDone(run_id, reply))
+                    tell(me, EffectDone(run_id, reply))
 
                 future.add_done_callback(responded)
             case Ledger():
                 def settled(reply: Any) -> None:
-                    me.tell(EffectDone(run_id, reply))
+                    tell(me, EffectDone(run_id, reply))
 
                 self.budget.tell(Settle(run_id, settled, effect.reserve, effect.tool_calls,
                                         effect.usage, effect.close))
             case Dispatch() | Reconcile():
                 def completed(outcomes: Any, err: BaseException | None) -> None:
-                    me.tell(EffectDone(run_id, outcomes, err))
+                    tell(me, EffectDone(run_id, outcomes, err))
 
                 self.executor.tell(DispatchBatch(effect, completed))

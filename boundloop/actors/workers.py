@@ -8,11 +8,14 @@ import asyncio
 import heapq
 import inspect
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
+
+import pykka
 
 
 def _is_async(fn: Callable[..., Any]) -> bool:
@@ -60,12 +63,59 @@ class Timer:
         self._thread.join(timeout=5)
 
 
+class Pool:
+    """A fixed pool of daemon threads: unlike ThreadPoolExecutor's, a handler stuck past its
+    timeout cannot keep the interpreter from exiting."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = \
+            queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                         for i in range(threads)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        """Run ``fn(*args, **kwargs)`` on a pool thread."""
+        future: Future[Any] = Future()
+        self._queue.put((future, lambda: fn(*args, **kwargs)))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, call = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                result = call()
+            except BaseException as exc:  # noqa: BLE001 - delivered through the future
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def shutdown(self) -> None:
+        """Stop taking work; threads end once their current call returns."""
+        for _ in self._threads:
+            self._queue.put(None)
+
+
+def tell(ref: Any, message: Any) -> None:
+    """``ref.tell(message)``, ignoring an actor already stopped (a late completion)."""
+    try:
+        ref.tell(message)
+    except pykka.ActorDeadError:
+        pass
+
+
 class Workers:
     """Thread pools for models and tools, the event loop for async ones, and the timer."""
 
     def __init__(self, model_threads: int = 32, tool_threads: int = 32) -> None:
-        self.model_pool = ThreadPoolExecutor(model_threads, thread_name_prefix="boundloop-model")
-        self.tool_pool = ThreadPoolExecutor(tool_threads, thread_name_prefix="boundloop-tool")
+        self.model_pool = Pool(model_threads, "boundloop-model")
+        self.tool_pool = Pool(tool_threads, "boundloop-tool")
         self.timer = Timer()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -82,7 +132,7 @@ class Workers:
                 self._thread.start()
             return self._loop
 
-    def submit(self, pool: ThreadPoolExecutor, fn: Callable[..., Any], *args: Any,
+    def submit(self, pool: Pool, fn: Callable[..., Any], *args: Any,
                **kwargs: Any) -> Future[Any]:
         """Start ``fn(*args, **kwargs)``: on the loop if it is async, else on ``pool``."""
         if _is_async(fn):
@@ -109,8 +159,8 @@ class Workers:
             loop.call_soon_threadsafe(loop.stop)
             if self._thread is not None:
                 self._thread.join(timeout=5)
-        self.model_pool.shutdown(wait=False, cancel_futures=True)
-        self.tool_pool.shutdown(wait=False, cancel_futures=True)
+        self.model_pool.shutdown()
+        self.tool_pool.shutdown()
 
 
 async def _await(awaitable: Any) -> Any:

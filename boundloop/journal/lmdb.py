@@ -30,6 +30,8 @@ _info_enc = msgspec.msgpack.Encoder()
 _info_dec = msgspec.msgpack.Decoder(RunInfo)
 _owner_dec = msgspec.msgpack.Decoder(OwnerRecord)
 KEY_FILE = "redaction.key"
+#: The files a journal directory holds; only these are given mode 0600.
+OWN_FILES = ("data.mdb", "lock.mdb", KEY_FILE)
 #: Largest number of queued appends folded into one transaction.
 MAX_BATCH = 4096
 
@@ -102,7 +104,10 @@ class LmdbJournal(Journal):
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
         elif not self.path.is_dir():
             raise ConfigError(f"{self.path} is not a directory; a journal is a directory")
-        os.chmod(self.path, 0o700)
+        if not (self.path / "data.mdb").exists():
+            # A new journal: its directory becomes private, whatever the umask. An existing
+            # journal's directory is left as its owner set it.
+            os.chmod(self.path, 0o700)
         self._key = self._load_key()
         try:
             self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=8, sync=sync,
@@ -117,12 +122,14 @@ class LmdbJournal(Journal):
         self._open = self._env.open_db(b"open")
         self._owners = self._env.open_db(b"owners")
         self._meta = self._env.open_db(b"meta")
-        for name in os.listdir(self.path):
-            os.chmod(self.path / name, 0o600)
+        for name in OWN_FILES:
+            if (self.path / name).exists():
+                os.chmod(self.path / name, 0o600)
+        self.sync = sync
         self._max_map_size = max(max_map_size, map_size)
         self._gate = _Gate()
         self._commits = 0
-        self._pid = os.getpid()
+        self.pid = self._pid = os.getpid()
         self._closed = False
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
@@ -422,3 +429,41 @@ class LmdbJournal(Journal):
 
         self._write(delete)
         return [i.run_id for i in victims]
+
+
+_shared: dict[str, list[Any]] = {}
+_shared_lock = threading.Lock()
+
+
+def acquire(path: str | os.PathLike[str], *, sync: bool = True) -> LmdbJournal:
+    """The process's journal in ``path``, opened once and shared by every Runner on it
+    (LMDB allows one environment per data file per process). ``release`` it when done.
+
+    Raises:
+        ConfigError: it is already open here with another ``sync`` setting.
+    """
+    key = os.path.realpath(path)
+    with _shared_lock:
+        entry = _shared.get(key)
+        if entry is None or entry[0].closed or entry[0].pid != os.getpid():
+            journal = LmdbJournal(path, sync=sync)
+            _shared[key] = [journal, 1]
+            return journal
+        if entry[0].sync != sync:
+            raise ConfigError(f"the journal at {path} is already open in this process with "
+                              f"sync={entry[0].sync}")
+        entry[1] += 1
+        return entry[0]  # type: ignore[no-any-return]
+
+
+def release(journal: LmdbJournal) -> None:
+    """Give back a journal from ``acquire``; the last user closes it."""
+    with _shared_lock:
+        for key, entry in list(_shared.items()):
+            if entry[0] is journal:
+                entry[1] -= 1
+                if entry[1] > 0:
+                    return
+                del _shared[key]
+                break
+    journal.close()

@@ -96,7 +96,7 @@ _MINIMUMS: dict[str, float] = {
 }
 _INTEGERS = {"max_model_steps", "max_tool_calls", "max_parallel", "max_input_tokens",
              "max_output_tokens", "max_total_tokens", "max_result_bytes", "malformed_retries"}
-_REQUIRED = {"max_model_steps", "max_tool_calls", "malformed_retries"}
+_REQUIRED = {"max_model_steps", "max_tool_calls"}
 
 
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,7 +117,7 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True):
     max_cost: float | None = None
     max_result_bytes: int | None = None
     reserve_final_step: bool = True
-    malformed_retries: int = 0
+    malformed_retries: int | None = 0
 
     def __post_init__(self) -> None:
         for name, minimum in _MINIMUMS.items():

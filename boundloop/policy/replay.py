@@ -45,6 +45,7 @@ class CallRecord(msgspec.Struct):
     decision: str
     attempt: int = 0
     phase: str = "intended"  # intended | dispatched | done
+    dispatched: bool = False
     status: str | None = None
     content: Any = None
     abandoned: bool = False
@@ -99,10 +100,9 @@ class RunState(msgspec.Struct):
         return [self._unresolved(r) for r in self.calls.values() if r.open]
 
     def _unresolved(self, r: CallRecord) -> UnresolvedAction:
-        phase = "abandoned" if r.abandoned else ("intended" if r.phase == "intended"
-                                                 else "dispatched")
         return UnresolvedAction(self.run_id, r.call_id, r.tool, r.execution_id,
-                                r.idempotency_key, max(r.attempt, 1), phase)
+                                r.idempotency_key, max(r.attempt, 1),
+                                "dispatched" if r.dispatched else "intended", r.abandoned)
 
     @property
     def completed(self) -> list[CompletedAction]:
@@ -199,7 +199,7 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             rec = _record(state, event.execution_id)
             if event.attempt > 1:
                 state.tool_calls += 1
-            rec.attempt, rec.phase = event.attempt, "dispatched"
+            rec.attempt, rec.phase, rec.dispatched = event.attempt, "dispatched", True
         case ev.CallSucceeded():
             rec = _record(state, event.execution_id)
             rec.phase, rec.status, rec.content = "done", event.status, event.content

@@ -1,0 +1,186 @@
+"""Edges a new user hits: option shapes, process exit, permissions, shared journals."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import boundloop as bl
+from boundloop import events as ev
+
+
+def one_call(name: str, **arguments: Any) -> list[Any]:
+    return [bl.CallTools(calls=[bl.ToolCall("c1", name, arguments)]), bl.Final("done")]
+
+
+def test_retry_on_accepts_a_list_and_a_failing_batch_never_stalls_the_runner(
+        runner: bl.Runner) -> None:
+    attempts: list[int] = []
+
+    @bl.tool(retry=bl.RetryPolicy(2, 0.0, [ValueError]))
+    def flaky(n: int, ctx: bl.ToolContext) -> int:
+        attempts.append(ctx.attempt)
+        raise ValueError("nope")
+
+    result = runner.submit(model=bl.ScriptedModel(one_call("flaky", n=1)), tools=[flaky],
+                           prompt="p").result(timeout=10)
+    assert result.status == "final" and attempts == [1, 2] and result.tool_calls == 2
+    again = runner.submit(model=bl.ScriptedModel([bl.Final("x")]), prompt="p")
+    assert again.result(timeout=10).status == "final"
+    with pytest.raises(bl.ConfigError):
+        bl.RetryPolicy(2, 0.0, ["ValueError"])  # type: ignore[list-item]
+
+
+def test_an_unclosed_runner_does_not_keep_the_process_alive(tmp_path: Path) -> None:
+    script = textwrap.dedent("""
+        import sys, time
+        import boundloop as bl
+
+        @bl.tool(timeout_s=0.1)
+        def stuck() -> str:
+            time.sleep(60)
+            return "late"
+
+        r = bl.Runner(sys.argv[1])
+        res = r.run(model=bl.ScriptedModel([bl.CallTools([bl.ToolCall("c", "stuck", {})]),
+                                            bl.Final("x")]), tools=[stuck], prompt="p")
+        print(res.status)
+    """)
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "j")],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stdout.strip() == "final", proc.stderr
+    assert time.monotonic() - started < 10
+    assert "Traceback" not in proc.stderr
+
+
+def test_an_existing_directory_keeps_its_other_files_as_they_were(tmp_path: Path) -> None:
+    project = tmp_path / "project"
+    (project / "sub").mkdir(parents=True)
+    script = project / "script.sh"
+    script.write_text("echo hi\n")
+    os.chmod(script, 0o755)
+    os.chmod(project / "sub", 0o755)
+    with bl.Runner(project) as r:
+        assert r.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p").status == "final"
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    assert stat.S_IMODE((project / "sub").stat().st_mode) == 0o755
+    for name in ("data.mdb", "lock.mdb", "redaction.key"):
+        assert stat.S_IMODE((project / name).stat().st_mode) == 0o600
+
+
+def test_a_timeout_then_a_failed_retry_stays_outcome_unknown(runner: bl.Runner) -> None:
+    @bl.tool(idempotent=True, timeout_s=0.1,
+             retry=bl.RetryPolicy(2, 0.0, (TimeoutError, ConnectionError)))
+    def pay(n: int, ctx: bl.ToolContext) -> str:
+        if ctx.attempt == 1:
+            time.sleep(0.3)
+            return "paid"
+        raise ConnectionError("down")
+
+    result = runner.run(model=bl.ScriptedModel(one_call("pay", n=1)), tools=[pay],
+                        prompt="p")
+    assert result.status == "final" and result.tool_calls == 2
+    assert [m.status for m in result.transcript if m.kind == "tool_result"] == [
+        "outcome_unknown"]
+    assert [(u.call_id, u.attempt) for u in result.unresolved] == [("c1", 2)]
+    assert result.completed == []
+
+
+def test_an_irreversible_timeout_needs_review_then_resumes(runner: bl.Runner) -> None:
+    @bl.tool(irreversible=True, timeout_s=0.05)
+    def wire(amount: int) -> str:
+        time.sleep(0.3)
+        return "sent"
+
+    model = bl.ScriptedModel(one_call("wire", amount=5))
+    result = runner.run(model=model, tools=[wire], prompt="p", run_id="wire-1")
+    assert result.status == "needs_review"
+    [action] = result.unresolved
+    assert action.tool == "wire" and action.phase == "dispatched" and not action.abandoned
+    assert model.calls == 1  # the model did not go on past the unknown transfer
+    assert [m.kind for m in result.transcript] == ["user"]
+    runner.resolve("wire-1", action.execution_id, "abandoned", note="bank cannot tell")
+    resumed = runner.resume("wire-1", model=bl.ScriptedModel([bl.Final("checked")]),
+                            tools=[wire])
+    assert resumed.status == "final"
+    [flagged] = resumed.unresolved
+    assert flagged.abandoned and flagged.phase == "dispatched"
+    assert [(m.kind, getattr(m, "status", None)) for m in resumed.transcript] == [
+        ("user", None), ("call", None), ("tool_result", "outcome_unknown"), ("final", None)]
+
+
+def test_run_child_takes_positional_arguments_and_async_handlers_await_it(
+        runner: bl.Runner) -> None:
+    @bl.tool
+    def sync_parent(ctx: bl.ToolContext) -> str:
+        return ctx.run_child(bl.ScriptedModel([bl.Final("a")]), [], "task").status
+
+    @bl.tool
+    async def async_parent(ctx: bl.ToolContext) -> str:
+        with pytest.raises(bl.ConfigError):
+            ctx.run_child(model=bl.ScriptedModel([bl.Final("never")]), prompt="x")
+        child = await ctx.arun_child(model=bl.ScriptedModel([bl.Final("b")]), prompt="t")
+        await asyncio.sleep(0)
+        return child.status
+
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("s", "sync_parent", {}),
+                                            bl.ToolCall("a", "async_parent", {})]),
+                              bl.Final("done")])
+    result = runner.submit(model=model, tools=[sync_parent, async_parent],
+                           prompt="p").result(timeout=20)
+    assert result.status == "final"
+    assert [m.content for m in result.transcript if m.kind == "tool_result"] == [
+        "final", "final"]
+
+
+def test_malformed_retries_none_means_unbounded(runner: bl.Runner) -> None:
+    result = runner.run(model=bl.ScriptedModel(["bad", 1, {"kind": "?"}, bl.Final("ok")]),
+                        prompt="p", budget=bl.Budget(malformed_retries=None))
+    assert result.status == "final" and result.model_steps == 4
+    assert [m.kind for m in result.transcript].count("notice") == 3
+
+
+def test_tools_shapes_estimators_and_validated_intents(runner: bl.Runner) -> None:
+    @bl.tool
+    def search(query: str, limit: int = 5) -> list[str]:
+        return [query] * min(limit, 1)
+
+    r1 = runner.run(model=bl.ScriptedModel([bl.Final("x")]), tools=None, prompt="p")
+    assert r1.status == "final"
+    r2 = runner.run(model=bl.ScriptedModel(one_call("search", query="q")), tools=search,
+                    prompt="p")
+    decided = [e for e in runner.journal.events(r2.run_id) if isinstance(e, ev.CallDecided)]
+    assert decided[0].arguments == {"query": "q"}
+    assert decided[0].validated == {"query": "q", "limit": 5}
+
+    with bl.Runner(runner.journal, estimator=lambda history, model: 10) as counting:
+        r3 = counting.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p",
+                          budget=bl.Budget(max_input_tokens=9))
+        assert (r3.status, r3.exhausted_limit) == ("limit_exceeded", "input_tokens")
+    with bl.Runner(runner.journal, estimator=lambda h, m: "lots") as bad, \
+            pytest.raises(bl.ConfigError):
+        bad.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p")
+
+
+def test_two_runners_on_one_directory_in_one_process(journal_dir: Path) -> None:
+    with bl.Runner(journal_dir) as a, bl.Runner(journal_dir) as b:
+        ra = a.run(model=bl.ScriptedModel([bl.Final("a")]), prompt="p")
+        rb = b.run(model=bl.ScriptedModel([bl.Final("b")]), prompt="p")
+        assert set(a.journal.runs()) == {ra.run_id, rb.run_id}
+    with bl.Runner(journal_dir) as again:
+        assert len(list(again.journal.runs())) == 2
+
+
+def test_event_classes_are_public() -> None:
+    assert bl.RunFinished is ev.RunFinished and bl.events is ev
+    assert issubclass(bl.CallDecided, bl.Event)
