@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import pykka
 
+from boundloop.loop import Ledger
 from boundloop.policy.budget import Budget, ChildSpend, LedgerReply, TreeLeft, Usage
 
 
@@ -28,14 +29,10 @@ class Open(msgspec.Struct):
 
 
 class Settle(msgspec.Struct):
-    """Charge own spend, reserve ``reserve`` tool calls, and reply with a LedgerReply."""
+    """Perform a run's Ledger effect and call ``reply`` with the LedgerReply."""
 
-    run_id: str
+    ledger: Ledger
     reply: Callable[[LedgerReply], None]
-    reserve: int = 0
-    tool_calls: int = 0
-    usage: Usage | None = None
-    close: bool = False
 
 
 class Left(msgspec.Struct):
@@ -78,11 +75,11 @@ class BudgetActor(pykka.ThreadingActor):
                 if message.run_id not in self.nodes:
                     self.nodes[message.run_id] = _Node(message.parent, message.budget,
                                                        message.tool_calls, message.usage)
-            case Settle():
-                reply = self._settle(message)
-                if message.close:
-                    self.nodes.pop(message.run_id, None)
-                message.reply(reply)
+            case Settle(ledger=ledger, reply=reply):
+                answer = self._settle(ledger)
+                if ledger.close:
+                    self.nodes.pop(ledger.run_id, None)
+                reply(answer)
             case Left(run_id=run_id):
                 return self._left(run_id, include_self=True)
             case Close(run_id=run_id):
@@ -125,7 +122,7 @@ class BudgetActor(pykka.ThreadingActor):
                 _min(left.cost, room(b.max_cost, u.cost or 0.0)))
         return left
 
-    def _settle(self, m: Settle) -> LedgerReply:
+    def _settle(self, m: Ledger) -> LedgerReply:
         if m.tool_calls or m.usage is not None:
             self._charge(m.run_id, m.tool_calls, m.usage or Usage())
         granted = True

@@ -117,8 +117,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 def settled(reply: Any) -> None:
                     tell(me, EffectDone(run_id, reply))
 
-                self.budget.tell(Settle(run_id, settled, effect.reserve, effect.tool_calls,
-                                        effect.usage, effect.close))
+                self.budget.tell(Settle(effect, settled))
             case Dispatch() | Reconcile():
                 def completed(outcomes: Any, err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, outcomes, err))
