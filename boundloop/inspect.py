@@ -34,6 +34,8 @@ from boundloop.messages import CallTools, Final, Message, ToolCall
 from boundloop.policy.budget import (
     TOKEN_LIMITS,
     Budget,
+    LedgerReply,
+    TreeLeft,
     Usage,
     default_reservation,
     exceeded,
@@ -856,6 +858,10 @@ class _Checker:
                     reply = self.model_reply(effect.ctx)
                 elif isinstance(effect, loop.Dispatch):
                     reply = [self.outcome(p.execution_id) for p in effect.calls]
+                elif isinstance(effect, loop.Ledger):
+                    # A child run settling with its tree: its own budget (already the smaller
+                    # of what it asked and what was left) is what the check holds it to.
+                    reply = LedgerReply(True, [], TreeLeft())
                 else:
                     reply = self.end(f"the current loop asked for {type(effect).__name__}, "
                                      "which a recording cannot answer")

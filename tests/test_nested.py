@@ -149,3 +149,23 @@ def test_child_deadline_is_what_the_parent_has_left(journal_dir: Any) -> None:
     assert (child.status, child.exhausted_limit) == ("limit_exceeded", "deadline")
     # The parent's own deadline passed while its child worked: it stops before its next step.
     assert (result.status, result.exhausted_limit) == ("limit_exceeded", "deadline")
+
+
+def test_replay_check_covers_a_child_run(runner: bl.Runner) -> None:
+    from boundloop.inspect import check
+
+    @bl.tool
+    def ping() -> str:
+        return "pong"
+
+    @bl.tool
+    def delegate(ctx: bl.ToolContext) -> str:
+        child = bl.ScriptedModel([calls("k1"), bl.Final("c")])
+        return ctx.run_child(model=child, tools=[ping], prompt="t", run_id="kid").status
+
+    runner.run(model=bl.ScriptedModel([calls("d", name="delegate"), bl.Final("p")]),
+               tools=[delegate, ping], prompt="go")
+    report = check(list(runner.journal.events("kid")))
+    assert report.ok and report.decisions >= 3
+    stricter = check(list(runner.journal.events("kid")), bl.Budget(max_tool_calls=0))
+    assert not stricter.ok and stricter.divergence is not None
