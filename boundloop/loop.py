@@ -204,6 +204,7 @@ class _Driver:
         self.state = spec.resume if spec.resume is not None else RunState()
         self.pending: list[ev.Event] = []
         self.unrecorded: set[str] = set()
+        self.never_dispatched: set[str] = set()
         self.started = self.clock.monotonic()
         self.elapsed_before = self.state.elapsed_s
         deadline_s = self.budget.deadline_s
@@ -270,6 +271,9 @@ class _Driver:
                 e.execution_id for e in batch
                 if isinstance(e, ev.CallSucceeded | ev.CallFailed | ev.CallOutcomeUnknown
                               | ev.CallReconciled | ev.CallTimedOut))
+            # Calls decided in the failed commit were never dispatched: nothing is unknown.
+            self.never_dispatched.update(e.execution_id for e in batch
+                                         if isinstance(e, ev.CallDecided))
             raise
 
     # -- the run -----------------------------------------------------------------------
@@ -365,13 +369,14 @@ class _Driver:
 
     def result(self) -> RunResult:
         result = self.state.result(self.elapsed())
-        if not self.unrecorded:
+        if not self.unrecorded and not self.never_dispatched:
             return result
         lost = [self.state.calls[e] for e in self.unrecorded if e in self.state.calls]
         return msgspec.structs.replace(
             result,
             completed=[c for c in result.completed if c.execution_id not in self.unrecorded],
-            unresolved=result.unresolved + [
+            unresolved=[u for u in result.unresolved
+                        if u.execution_id not in self.never_dispatched] + [
                 UnresolvedAction(self.spec.run_id, r.call_id, r.tool, r.execution_id,
                                  r.idempotency_key, max(r.attempt, 1), "dispatched")
                 for r in lost])
