@@ -520,8 +520,9 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
         runner.close()
         j.close()
     left = len(state.open_actions)
-    click.echo(f"recorded: {execution_id} {outcome}; {left} unresolved action(s) left in "
-               f"{run_id}")
+    flagged = sum(1 for u in state.unresolved if u.abandoned)
+    click.echo(f"recorded: {execution_id} {outcome}; {left} unresolved action(s) left open in "
+               f"{run_id}" + (f", {flagged} abandoned (closed, still flagged)" if flagged else ""))
 
 
 @cli.command()

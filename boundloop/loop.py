@@ -41,7 +41,7 @@ from boundloop.policy.budget import (
     remaining,
     within_tree,
 )
-from boundloop.policy.redact import redact
+from boundloop.policy.redact import journal_safe, redact
 from boundloop.policy.replay import RunState, apply
 from boundloop.results import RunResult, UnresolvedAction
 from boundloop.tools import ArgumentError, Tool
@@ -111,6 +111,8 @@ class Dispatch(msgspec.Struct):
     clock: Clock
     run_child: Callable[..., Any] | None = None
     parent: ParentLink | None = None
+    #: Set by whoever performs the effect: False once the journal can record nothing more.
+    recordable: Callable[[], bool] | None = None
 
 
 class Attempt(msgspec.Struct):
@@ -183,8 +185,9 @@ class RunSpec(msgspec.Struct, kw_only=True):
 
 
 def content_of(value: Any) -> Any:
-    """A tool result as JSON-like data (what the model and the journal see)."""
-    return msgspec.to_builtins(value, str_keys=True, enc_hook=repr)
+    """A tool result as JSON-like data that the journal can store (what the model and the
+    journal see)."""
+    return journal_safe(msgspec.to_builtins(value, str_keys=True, enc_hook=repr))
 
 
 def idempotency_key(run_id: str, call_id: str) -> str:
@@ -267,14 +270,18 @@ class _Driver:
         try:
             yield Commit(batch)
         except JournalError:
-            self.unrecorded.update(
-                e.execution_id for e in batch
-                if isinstance(e, ev.CallSucceeded | ev.CallFailed | ev.CallOutcomeUnknown
-                              | ev.CallReconciled | ev.CallTimedOut))
-            # Calls decided in the failed commit were never dispatched: nothing is unknown.
-            self.never_dispatched.update(e.execution_id for e in batch
-                                         if isinstance(e, ev.CallDecided))
+            self.lose(batch)
             raise
+
+    def lose(self, batch: list[ev.Event]) -> None:
+        """Note what events that will never be recorded meant for the run's report."""
+        self.unrecorded.update(
+            e.execution_id for e in batch
+            if isinstance(e, ev.CallSucceeded | ev.CallFailed | ev.CallOutcomeUnknown
+                          | ev.CallReconciled | ev.CallTimedOut))
+        # Calls decided in a lost commit were never dispatched: nothing is unknown.
+        self.never_dispatched.update(e.execution_id for e in batch
+                                     if isinstance(e, ev.CallDecided))
 
     # -- the run -----------------------------------------------------------------------
     def run(self) -> Generator[Effect, Any, RunResult]:
@@ -362,6 +369,8 @@ class _Driver:
 
     def unavailable(self, detail: str) -> RunResult:
         """The result of a run the journal failed: it says so, and nothing more is written."""
+        self.lose(self.pending)
+        self.pending = []
         stop = decide.Stop("journal_unavailable", detail=detail)
         self.state.status = stop.status
         self.state.explanation = decide.explain(stop, self.budget)
@@ -460,7 +469,7 @@ class _Driver:
             deadline=self.deadline, cancel=spec.cancel)
         reply = yield InvokeModel(spec.model, copy_history(st.transcript), ctx)
         if reply.error is not None:
-            detail = f"{type(reply.error).__name__}: {reply.error}"
+            detail = journal_safe(f"{type(reply.error).__name__}: {reply.error}")
             self.emit(ev.ModelStepFailed, step=step, reason="error", detail=detail,
                       latency_s=reply.latency_s)
             self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
@@ -589,6 +598,10 @@ class _Driver:
             return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(review) + ".")
         self.emit(ev.RoundCompleted, step=step)
         if skipped:
+            if "journal" in skipped:
+                return decide.Stop("journal_unavailable",
+                                   detail="The journal became unavailable during the batch; "
+                                          "calls not yet started were not run.")
             if "cancelled" in skipped or spec.cancel.cancelled:
                 return decide.Stop("cancelled", detail="Calls not yet started were not run.")
             return decide.Stop("limit_exceeded", "deadline",
@@ -622,13 +635,14 @@ class _Driver:
                           latency_s=att.latency_s, **self.result_fields(att.value))
             elif att.kind == "error":
                 self.emit(ev.CallFailed, execution_id=eid, attempt=att.attempt,
-                          error_category=att.category, content=att.error,
+                          error_category=att.category, content=journal_safe(att.error),
                           latency_s=att.latency_s, retrying=not last)
                 if last and unknown:
                     # A timeout is never a failure: the earlier attempt may have worked.
                     self.emit(ev.CallOutcomeUnknown, execution_id=eid, attempt=att.attempt,
-                              content=f"an earlier attempt timed out and may have taken "
-                                      f"effect; the last one failed ({att.error})")
+                              content=journal_safe(
+                                  f"an earlier attempt timed out and may have taken "
+                                  f"effect; the last one failed ({att.error})"))
             else:
                 self.emit(ev.CallTimedOut, execution_id=eid, attempt=att.attempt,
                           timeout_s=att.timeout_s, latency_s=att.latency_s)

@@ -40,6 +40,7 @@ from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
+from boundloop.policy.redact import storable
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
 from boundloop.tools import Tool
@@ -317,6 +318,10 @@ class Runner:
         messages: list[Message] = to_history(list(history)) if history is not None else []
         if prompt is not None:
             messages.append(UserMessage(prompt))
+        if not storable(messages):
+            raise ConfigError("the prompt or history holds text that is not valid Unicode (a "
+                              "lone surrogate) or an integer beyond 64 bits; the journal "
+                              "cannot record it")
         return RunSpec(
             run_id=check_run_id(run_id) if run_id is not None else uuid.uuid4().hex,
             model=model, tools=_tools(tools), budget=budget, history=messages,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import boundloop as bl
 from boundloop import events as ev
 from boundloop.journal import LmdbJournal
@@ -43,3 +45,54 @@ def test_an_outcome_that_cannot_be_recorded_stays_unresolved(tmp_path: Path) -> 
         assert [u.call_id for u in found.unresolved] == ["c1"]
         again = runner.resume("r", model=bl.ScriptedModel([bl.Final("x")]), tools=[send])
     assert again.status == "needs_review" and ran == ["ann"]
+
+
+def test_closing_the_journal_mid_batch_stops_queued_calls_and_the_model(
+        runner: bl.Runner) -> None:
+    ran: list[int] = []
+
+    @bl.tool
+    def t(i: int) -> int:
+        ran.append(i)
+        if i == 1:
+            runner.journal.close()
+        return i
+
+    model = bl.ScriptedModel([
+        bl.CallTools([bl.ToolCall("a", "t", {"i": 1}), bl.ToolCall("b", "t", {"i": 2})]),
+        bl.Final("x")])
+    result = runner.run(model=model, tools=[t], prompt="p",
+                        budget=bl.Budget(max_parallel=1))
+    assert result.status == "journal_unavailable"
+    assert ran == [1] and model.calls == 1
+    assert [u.call_id for u in result.unresolved] == ["a"]
+
+
+def test_values_the_journal_cannot_store_never_stall_the_runner(runner: bl.Runner) -> None:
+    import math
+
+    @bl.tool
+    def calc(n: int) -> int:
+        return math.factorial(n)
+
+    @bl.tool
+    def name() -> str:
+        return "file-\udcff.txt"
+
+    big = runner.run(model=bl.ScriptedModel([
+        bl.CallTools([bl.ToolCall("a", "calc", {"n": 30}), bl.ToolCall("b", "name", {})]),
+        bl.Final("x")]), tools=[calc, name], prompt="p", run_id="big")
+    assert big.status == "final"
+    assert [m.content for m in big.transcript if m.kind == "tool_result"] == [
+        str(math.factorial(30)), "file-\ufffd.txt"]
+    assert bl.replay(runner.journal.events("big")).transcript == big.transcript
+
+    bad_final = runner.submit(model=bl.ScriptedModel([bl.Final("x\ud800")]), prompt="p")
+    assert bad_final.result(timeout=10).status == "malformed_response"
+    huge_usage = runner.submit(model=bl.ScriptedModel([bl.Final("x", usage=bl.Usage(2**70))]),
+                               prompt="p")
+    assert huge_usage.result(timeout=10).status == "malformed_response"
+    with pytest.raises(bl.ConfigError):
+        runner.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="bad \ud800")
+    # The writer is still alive for everyone else.
+    assert runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p").status == "final"

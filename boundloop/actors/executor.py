@@ -146,6 +146,8 @@ class ExecutorActor(pykka.ThreadingActor):
             self._attempt(bid, batch, index)
 
     def _why_not(self, d: Dispatch) -> str | None:
+        if d.recordable is not None and not d.recordable():
+            return "journal"  # fail closed: what cannot be recorded is not done
         if d.cancel.cancelled:
             return "cancelled"
         if d.deadline is not None and d.clock.monotonic() >= d.deadline:

@@ -18,6 +18,7 @@ import pykka
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers, tell
+from boundloop.errors import JournalUnavailable
 from boundloop.journal.base import Journal
 from boundloop.loop import (
     Commit,
@@ -100,6 +101,10 @@ class SupervisorActor(pykka.ThreadingActor):
                     tell(me, EffectDone(run_id, None, err, count))
 
                 self.journal.submit(run_id, run.seq, events, committed)
+            case InvokeModel() if self.journal.closed:
+                # Fail closed: no model step the journal could not record.
+                self._advance(run_id, run, None, JournalUnavailable(
+                    "the journal was closed; the model was not called"))
             case InvokeModel():
                 started = time.perf_counter()
                 future = self.workers.submit(self.workers.model_pool, effect.model,
@@ -119,6 +124,9 @@ class SupervisorActor(pykka.ThreadingActor):
 
                 self.budget.tell(Settle(effect, settled))
             case Dispatch() | Reconcile():
+                if isinstance(effect, Dispatch):
+                    journal = self.journal
+                    effect.recordable = lambda: not journal.closed
                 def completed(outcomes: Any, err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, outcomes, err))
 

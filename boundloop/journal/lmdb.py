@@ -21,7 +21,13 @@ import lmdb
 import msgspec
 
 from boundloop import events as ev
-from boundloop.errors import ConfigError, JournalCorrupt, JournalUnavailable, SequenceConflict
+from boundloop.errors import (
+    ConfigError,
+    JournalCorrupt,
+    JournalError,
+    JournalUnavailable,
+    SequenceConflict,
+)
 from boundloop.journal import codec
 from boundloop.journal.base import Done, Journal, OwnerRecord, RunInfo, check_run_id
 
@@ -78,6 +84,7 @@ class _Request(msgspec.Struct):
     run_id: str
     expected_seq: int
     events: Sequence[ev.Event]
+    encoded: list[bytes]
     done: Done
 
 
@@ -193,7 +200,15 @@ class LmdbJournal(Journal):
                done: Done) -> None:
         try:
             check_run_id(run_id)
-            request = _Request(run_id, expected_seq, list(events), done)
+            events = list(events)
+            # Encoded here, in the caller's thread: the writer only writes, and an event
+            # that cannot be stored fails its own append, never the writer.
+            try:
+                encoded = [codec.encode(e) for e in events]
+            except (TypeError, ValueError, OverflowError) as exc:
+                raise JournalError(f"an event of run {run_id!r} cannot be stored "
+                                   f"({type(exc).__name__}: {exc})") from None
+            request = _Request(run_id, expected_seq, events, encoded, done)
             # Under the lock, so close() cannot slip in between the check and the put: a
             # request queued before close's sentinel is always answered by the writer.
             with self._lock:
@@ -287,6 +302,9 @@ class LmdbJournal(Journal):
             outcomes = [JournalUnavailable(f"journal write failed: {exc}")] * len(batch)
         except JournalUnavailable as exc:
             outcomes = [exc] * len(batch)
+        except Exception as exc:  # noqa: BLE001 - the writer must outlive any bad append
+            outcomes = [JournalUnavailable(f"journal write failed: {type(exc).__name__}: "
+                                           f"{exc}")] * len(batch)
         for req, outcome in zip(batch, outcomes, strict=True):
             try:
                 req.done(outcome)
@@ -309,9 +327,9 @@ class LmdbJournal(Journal):
             info = RunInfo(req.run_id, order, created_ts=now)
             txn.put(req.run_id.encode(), b"", db=self._open)
         seq = last
-        for event in req.events:
+        for event, data in zip(req.events, req.encoded, strict=True):
             seq += 1
-            txn.put(_ekey(req.run_id, seq), codec.encode(event), db=self._events)
+            txn.put(_ekey(req.run_id, seq), data, db=self._events)
             match event:
                 case ev.RunAdmitted():
                     info.parent_run_id = event.parent_run_id

@@ -8,6 +8,7 @@ import msgspec
 
 from boundloop.messages import CallTools, Final, Response
 from boundloop.policy.budget import Budget, Usage, exceeded
+from boundloop.policy.redact import storable
 from boundloop.policy.replay import RunState
 
 
@@ -72,9 +73,12 @@ def parse_response(raw: Any) -> Response | Malformed:
                          f"not {type(raw).__name__}")
     try:
         parsed: Response = msgspec.convert(raw, Response)
-        return parsed
     except msgspec.ValidationError as exc:
         return Malformed(str(exc))
+    if not storable(parsed):
+        return Malformed("the response holds text that is not valid Unicode (a lone "
+                         "surrogate) or an integer beyond 64 bits, which cannot be recorded")
+    return parsed
 
 
 def check_batch(state: RunState, budget: Budget, calls: CallTools, *,
@@ -114,8 +118,9 @@ def explain(stop: Stop, budget: Budget) -> str:
         "cancelled": "The run was cancelled.",
         "malformed_response": f"The model's response was malformed: {stop.detail}",
         "model_error": f"The model callback raised: {stop.detail}",
-        "needs_review": "An irreversible action's outcome is unknown and cannot be reconciled;"
-                        f" a person must resolve it. {stop.detail}",
+        "needs_review": "An action's outcome is unknown and the runner cannot settle it by the "
+                        "tool's own means (reconcile, or a retry of an idempotent tool); a "
+                        f"person must resolve it. {stop.detail}",
         "journal_unavailable": "The journal could not record the run; nothing more was "
                                f"dispatched (fail closed). {stop.detail}",
         "rejected": f"Admission refused the run: {stop.detail}",

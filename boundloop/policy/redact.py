@@ -71,3 +71,41 @@ def redact(value: Any, secret_key: bytes, sensitive: Collection[str] = ()) -> tu
         items = [redact(v, secret_key, sensitive) for v in value]
         return [v for v, _ in items], any(c for _, c in items)
     return value, False
+
+
+_msgpack = msgspec.msgpack.Encoder()
+_INT_MIN, _UINT_MAX = -(2 ** 63), 2 ** 64 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable(value: Any) -> bool:
+    """True when ``value`` can be journaled as it is (msgpack takes no lone surrogate and no
+    integer beyond 64 bits)."""
+    try:
+        _msgpack.encode(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+    return True
+
+
+def journal_safe(value: Any) -> Any:
+    """``value`` (JSON-like data) made storable: lone surrogates in text become U+FFFD, and
+    integers beyond 64 bits become their decimal strings. Storable values come back as they
+    are."""
+    if storable(value):
+        return value
+    return _made_safe(value)
+
+
+def _made_safe(value: Any) -> Any:
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value if _INT_MIN <= value <= _UINT_MAX else str(value)
+    if isinstance(value, dict):
+        return {_made_safe(k): _made_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_made_safe(v) for v in value]
+    return value
