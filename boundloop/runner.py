@@ -78,9 +78,9 @@ class Runner:
         max_in_flight: runs in flight at once; more are ``rejected``.
         supervisors: supervisor actors (runs are sharded across them by id).
         model_threads, tool_threads: sizes of the thread pools for sync models and tools.
-        estimator: ``(history, model) -> Usage``, the reservation made before each step
-            (default: history JSON bytes / 4 input tokens plus the model's
-            ``max_output_tokens``).
+        estimator: ``(history, model) -> Usage | int``, the reservation made before each
+            step (an int is input tokens; default: ceil(history JSON bytes / 4) input
+            tokens plus the model's ``max_output_tokens``).
         price: a price table for metering cost.
         sync: fsync every journal commit (ignored when a Journal is given).
         clock: the clock (a FakeClock in tests of time).

@@ -184,3 +184,29 @@ def test_two_runners_on_one_directory_in_one_process(journal_dir: Path) -> None:
 def test_event_classes_are_public() -> None:
     assert bl.RunFinished is ev.RunFinished and bl.events is ev
     assert issubclass(bl.CallDecided, bl.Event)
+
+
+def test_many_runs_waiting_on_async_models_and_tools_cost_no_thread_each(
+        runner: bl.Runner) -> None:
+    import threading
+
+    peak = [0]
+
+    async def model(history: list[bl.Message], ctx: bl.ModelContext) -> Any:
+        peak[0] = max(peak[0], threading.active_count())
+        await asyncio.sleep(0.2)
+        if any(m.kind == "tool_result" for m in history):
+            return bl.Final("done")
+        return bl.CallTools([bl.ToolCall("c1", "wait", {})])
+
+    @bl.tool
+    async def wait() -> str:
+        await asyncio.sleep(0.2)
+        return "waited"
+
+    started = time.monotonic()
+    futures = [runner.submit(model=model, tools=[wait], prompt="p") for _ in range(300)]
+    results = [f.result(timeout=60) for f in futures]
+    assert all(r.status == "final" and r.tool_calls == 1 for r in results)
+    assert time.monotonic() - started < 15  # 300 runs x 0.6 s of waiting, overlapped
+    assert peak[0] < 100  # a few pools and actors, not a thread per run
