@@ -19,6 +19,7 @@ import click
 import msgspec
 
 from boundloop.errors import BoundloopError, JournalError, UnknownRun
+from boundloop.policy.replay import ReplayError
 
 EXIT_OK = 0
 #: ``replay`` found the fold disagreeing with RunFinished, or ``--check`` found a divergence.
@@ -575,6 +576,8 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _fail(str(exc), EXIT_UNKNOWN_RUN)
     except JournalError as exc:
         _fail(str(exc), EXIT_JOURNAL)
+    except ReplayError as exc:
+        _fail(f"the journal does not replay: {exc}", EXIT_JOURNAL)
     except BoundloopError as exc:
         _fail(str(exc), EXIT_USAGE)
     except Exception as exc:  # noqa: BLE001 - the contract: never a traceback

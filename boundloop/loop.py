@@ -20,7 +20,7 @@ from boundloop import events as ev
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
-from boundloop.errors import ConfigError, JournalError
+from boundloop.errors import ConfigError, JournalError, SequenceConflict
 from boundloop.messages import (
     CallMessage,
     CallTools,
@@ -295,22 +295,25 @@ class _Driver:
             self.emit(ev.RunResumed, owner=spec.owner)
         try:
             yield from self.commit()
+        except SequenceConflict:
+            # Another runner admitted a run with this id first: this one never started.
+            self.pending = []
+            refused = decide.Stop("rejected", detail=f"a run with id {spec.run_id!r} "
+                                                     "already exists in the journal; use a new id")
+            self.state.status = refused.status
+            self.state.explanation = decide.explain(refused, self.budget)
+            return self.result()
         except JournalError as exc:
             return self.unavailable(f"It could not record the run's start ({exc}); nothing ran.")
-        if spec.resume is not None:
-            try:
-                stop = yield from self.settle()
-            except JournalError as exc:
-                stop = decide.Stop("journal_unavailable", detail=str(exc))
-            if stop is not None:
-                return (yield from self.finish(stop))
+        step = self.settle if spec.resume is not None else self.round
         while True:
             try:
-                stop = yield from self.round()
+                stop = yield from step()
             except JournalError as exc:
                 stop = decide.Stop("journal_unavailable", detail=str(exc))
             if stop is not None:
                 return (yield from self.finish(stop))
+            step = self.round
 
     def settle(self) -> Generator[Effect, Any, decide.Stop | None]:
         """Resolve what a crash left open, by the tools' own means (SPEC 6): reconcile, then
@@ -353,7 +356,7 @@ class _Driver:
                 continue
             allowance = self.budget.max_tool_calls - st.tool_calls - 1
             outcomes = yield Dispatch([planned], 1, self.deadline, spec.cancel, allowance,
-                                      self.clock, spec.run_child)
+                                      self.clock, spec.run_child, self.link(rec.step))
             for outcome in outcomes:
                 if outcome.skipped:
                     self.emit(ev.CallOutcomeUnknown, execution_id=rec.execution_id,
@@ -389,6 +392,14 @@ class _Driver:
                 UnresolvedAction(self.spec.run_id, r.call_id, r.tool, r.execution_id,
                                  r.idempotency_key, max(r.attempt, 1), "dispatched")
                 for r in lost])
+
+    def link(self, step: int) -> ParentLink:
+        """What a child started by a handler of this step draws on; notes the run's own
+        spend at the moment, the base of its ledger should a child start."""
+        st = self.state
+        self.snapshot = (st.tool_calls - st.child_tool_calls, st.usage - st.child_usage)
+        return ParentLink(self.spec.run_id, step, self.current, st.tool_calls, st.usage,
+                          self.deadline, self.spec.cancel, self.spec.children)
 
     def settle_ledger(self, reserve: int = 0,
                       close: bool = False) -> Generator[Effect, Any, LedgerReply | None]:
@@ -581,11 +592,9 @@ class _Driver:
         outcomes: list[Outcome] = []
         if planned:
             allowance = self.current.max_tool_calls - st.tool_calls
-            self.snapshot = (st.tool_calls - st.child_tool_calls, st.usage - st.child_usage)
-            link = ParentLink(spec.run_id, step, self.current, st.tool_calls, st.usage,
-                              self.deadline, spec.cancel, spec.children)
             outcomes = yield Dispatch(planned, self.budget.max_parallel, self.deadline,
-                                      spec.cancel, allowance, self.clock, spec.run_child, link)
+                                      spec.cancel, allowance, self.clock, spec.run_child,
+                                      self.link(step))
         for outcome in outcomes:
             self.record(outcome)
             if outcome.skipped:

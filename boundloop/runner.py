@@ -10,14 +10,14 @@ import time
 import uuid
 import zlib
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 import pykka
 
 from boundloop import events as ev
 from boundloop.actors.admission import AdmissionActor
-from boundloop.actors.budget import BudgetActor, Left, Open
+from boundloop.actors.budget import BudgetActor, Close, Left, Open
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
 from boundloop.actors.supervisor import SupervisorActor
@@ -373,7 +373,10 @@ class Runner:
                           parent_execution_id=execution_id)
         self._budget.tell(Open(spec.run_id, link.run_id, carved))
         link.children.set()
-        return self._start(spec, 0).result()
+        try:
+            return self._start(spec, 0).result()
+        finally:
+            self._budget.tell(Close(spec.run_id))  # a refused child never settled
 
     def _refused(self, spec: RunSpec, status: str, detail: str) -> RunResult:
         explanation = decide.explain(decide.Stop(status, detail=detail), spec.budget)
@@ -425,7 +428,17 @@ class Runner:
                 ref.stop(timeout=5)
             except pykka.ActorDeadError:
                 pass
+        for f in futures:
+            # Runs still in flight stay open in the journal, for recover() to take over.
+            if not f.done():
+                try:
+                    f.set_exception(RunnerClosed(
+                        "the runner closed before the run ended; it stays open in the "
+                        "journal: recover() and resume() it from another runner"))
+                except InvalidStateError:
+                    pass
         self._workers.close()
+        self._renewer.join()
         try:
             if not self._journal.closed:
                 self._journal.remove_owner(self.owner)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import inspect
+import threading
 import typing
 from collections.abc import Callable, Collection
 from typing import Any
@@ -94,8 +94,20 @@ class ToolContext:
         if self._run_child is None:
             raise ConfigError("this call's context cannot start child runs")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, functools.partial(self._run_child, *args,
-                                                                  **kwargs))
+        done: asyncio.Future[RunResult] = loop.create_future()
+        run_child = self._run_child
+
+        def wait_for_child() -> None:
+            try:
+                result = run_child(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - delivered to the awaiting handler
+                loop.call_soon_threadsafe(done.set_exception, exc)
+            else:
+                loop.call_soon_threadsafe(done.set_result, result)
+
+        # A daemon thread of its own: waiting for a child must not hold a pooled thread.
+        threading.Thread(target=wait_for_child, name="boundloop-child", daemon=True).start()
+        return await done
 
 
 class ArgumentError(ValueError):

@@ -8,6 +8,7 @@ thread never waits on a handler.
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -18,7 +19,7 @@ import msgspec
 import pykka
 
 from boundloop.actors.messages import DispatchBatch
-from boundloop.actors.workers import Workers, tell
+from boundloop.actors.workers import NotStarted, Workers, tell
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
 from boundloop.tools import ToolContext
 
@@ -35,6 +36,7 @@ class _TimedOut(msgspec.Struct):
     batch: int
     index: int
     generation: int
+    timeout: float
 
 
 class _Retry(msgspec.Struct):
@@ -55,8 +57,8 @@ class _Call(msgspec.Struct):
     outcome: Outcome
     attempt: int
     generation: int = 0
-    started: float = 0.0
-    timeout: float | None = None
+    # Set on the pool thread when the handler really starts (read after its messages).
+    started: list[float] = msgspec.field(default_factory=lambda: [0.0])
 
 
 class _Batch(msgspec.Struct):
@@ -107,9 +109,16 @@ class ExecutorActor(pykka.ThreadingActor):
                     return None
                 future = self.workers.submit(self.workers.tool_pool, p.tool.reconcile,
                                              p.idempotency_key)
-                future.add_done_callback(
-                    lambda f: reply(reconcile_result(None if f.exception() else f.result(),
-                                                     f.exception()), None))
+                answered = threading.Lock()
+
+                def answer(took: tuple[bool | None, Any]) -> None:
+                    if answered.acquire(blocking=False):  # the first answer wins
+                        reply(took, None)
+
+                future.add_done_callback(lambda f: answer(reconcile_result(
+                    None if f.exception() else f.result(), f.exception())))
+                # A reconcile that hangs cannot tell: after the tool's timeout it is unknown.
+                self.workers.timer.after(p.tool.timeout_s or 60.0, lambda: answer((None, None)))
             case DispatchBatch(dispatch=Dispatch() as d, reply=reply):
                 try:
                     self._start_batch(d, reply)
@@ -163,23 +172,31 @@ class ExecutorActor(pykka.ThreadingActor):
             self._call_done(bid, batch)
             return
         tool, p = call.planned.tool, call.planned
-        timeout = tool.timeout_s
-        if d.deadline is not None:
-            left = max(d.deadline - d.clock.monotonic(), 0.001)
-            timeout = left if timeout is None else min(timeout, left)
         child = None if d.run_child is None or d.parent is None else \
             _bind(d.run_child, d.parent, p.execution_id)
         ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, call.attempt,
                           d.deadline, d.cancel, child)
         call.generation += 1
-        call.started, call.timeout = time.perf_counter(), timeout
-        gen = call.generation
-        future = self.workers.submit(self.workers.tool_pool, tool.handler,
-                                     **tool.bind(p.kwargs, ctx))
+        gen, me, timer, started = call.generation, self.actor_ref, self.workers.timer, call.started
+
+        def on_start() -> bool:
+            # On the pool thread, right before the handler: a call that waited for a free
+            # thread past the deadline or a cancellation does not run, and its timeout
+            # counts from here, never from the wait.
+            if self._why_not(d) is not None:
+                return False
+            timeout = tool.timeout_s
+            if d.deadline is not None:
+                left = max(d.deadline - d.clock.monotonic(), 0.001)
+                timeout = left if timeout is None else min(timeout, left)
+            started[0] = time.perf_counter()
+            if timeout is not None:
+                timer.after(timeout, lambda: tell(me, _TimedOut(bid, index, gen, timeout)))
+            return True
+
+        future = self.workers.start(self.workers.tool_pool, tool.handler,
+                                    tool.bind(p.kwargs, ctx), on_start)
         self._tell_when_done(future, lambda v, e: _Done(bid, index, gen, v, e))
-        if timeout is not None:
-            me = self.actor_ref
-            self.workers.timer.after(timeout, lambda: tell(me, _TimedOut(bid, index, gen)))
 
     def _on_event(self, batch: _Batch, m: _Done | _TimedOut | _Reconciled | _Retry) -> None:
         bid = m.batch
@@ -189,9 +206,14 @@ class ExecutorActor(pykka.ThreadingActor):
             return
         if m.generation != call.generation:
             return  # a completion after its timeout, or a timer after its completion
-        latency = time.perf_counter() - call.started
+        latency = time.perf_counter() - call.started[0]
         policy, tool = call.planned.tool.retry, call.planned.tool
         match m:
+            case _Done(error=NotStarted()):
+                call.generation += 1
+                if not call.outcome.attempts:
+                    call.outcome.skipped = self._why_not(batch.dispatch) or "cancelled"
+                self._call_done(bid, batch)
             case _Done(error=None):
                 call.generation += 1
                 call.outcome.attempts.append(Attempt(call.attempt, "ok", m.value,
@@ -206,7 +228,7 @@ class ExecutorActor(pykka.ThreadingActor):
                                     policy is not None and isinstance(exc, policy.retry_on))
             case _TimedOut():
                 call.generation += 1
-                timeout = call.timeout or 0.0
+                timeout = m.timeout
                 call.outcome.attempts.append(Attempt(
                     call.attempt, "timeout", latency_s=latency, timeout_s=timeout,
                     error=f"the call timed out after {timeout:.3g}s; whether it took effect "

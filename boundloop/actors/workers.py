@@ -23,6 +23,10 @@ def _is_async(fn: Callable[..., Any]) -> bool:
         getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
 
 
+class NotStarted(Exception):
+    """A call was not started: by the time a thread was free, it was no longer wanted."""
+
+
 class Timer:
     """Runs callbacks after delays, on one thread (no thread per timeout)."""
 
@@ -138,6 +142,25 @@ class Workers:
         if _is_async(fn):
             return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self.loop)
         return pool.submit(self._call_sync, fn, args, kwargs)
+
+    def start(self, pool: Pool, fn: Callable[..., Any], kwargs: dict[str, Any],
+              on_start: Callable[[], bool]) -> Future[Any]:
+        """Like ``submit``, but ``on_start()`` runs right before ``fn`` does (so a timeout can
+        count from the real start, not from a wait in the pool's queue); when it returns
+        False, ``fn`` is not run and the future fails with NotStarted."""
+        if _is_async(fn):
+            if not on_start():
+                refused: Future[Any] = Future()
+                refused.set_exception(NotStarted())
+                return refused
+            return asyncio.run_coroutine_threadsafe(fn(**kwargs), self.loop)
+        return pool.submit(self._call_started, on_start, fn, kwargs)
+
+    def _call_started(self, on_start: Callable[[], bool], fn: Callable[..., Any],
+                      kwargs: dict[str, Any]) -> Any:
+        if not on_start():
+            raise NotStarted()
+        return self._call_sync(fn, (), kwargs)
 
     def _call_sync(self, fn: Callable[..., Any], args: tuple[Any, ...],
                    kwargs: dict[str, Any]) -> Any:

@@ -192,8 +192,9 @@ class LmdbJournal(Journal):
             self._closed = True
         self._queue.put(None)
         if threading.current_thread() is not self._writer:
-            self._writer.join(timeout=30)
-        self._env.close()
+            self._writer.join()  # its last commit ends before the environment does
+        with self._gate.exclusive():  # and so does every read in flight
+            self._env.close()
 
     # -- writing -----------------------------------------------------------------------
     def submit(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
@@ -264,15 +265,26 @@ class LmdbJournal(Journal):
 
     @contextlib.contextmanager
     def _reading(self, db: Any = None) -> Iterator[Any]:
-        with self._gate.shared():
-            try:
-                txn = self._env.begin(db=db)
-            except lmdb.MapResizedError:
-                # Another process grew the map: adopt its size, then read.
-                self._env.set_mapsize(0)
-                txn = self._env.begin(db=db)
-            with txn:
-                yield txn
+        for _ in range(2):
+            with self._gate.shared():
+                if self._closed:
+                    raise JournalUnavailable(f"the journal at {self.path} is closed")
+                try:
+                    txn = self._env.begin(db=db)
+                except lmdb.MapResizedError:
+                    txn = None
+                if txn is not None:
+                    with txn:
+                        yield txn
+                    return
+            self._adopt_map_size()
+        raise JournalUnavailable(f"the journal at {self.path} keeps changing size; retry")
+
+    def _adopt_map_size(self) -> None:
+        """Another process grew the map: take its size (LMDB wants no transaction of this
+        process open meanwhile, hence the exclusive gate)."""
+        with self._gate.exclusive():
+            self._env.set_mapsize(0)
 
     def _commit(self, batch: list[_Request]) -> None:
         outcomes: list[BaseException | None] = []
@@ -286,7 +298,7 @@ class LmdbJournal(Journal):
             for tries in range(8):
                 outcomes = []
                 try:
-                    with self._begin_write() as txn:
+                    with self._writing() as txn:
                         for req in batch:
                             outcomes.append(self._append_in(txn, req))
                     break
@@ -394,12 +406,23 @@ class LmdbJournal(Journal):
         return iter(ids)
 
     # -- owners ------------------------------------------------------------------------
-    def _begin_write(self) -> Any:
-        try:
-            return self._env.begin(write=True)
-        except lmdb.MapResizedError:
-            self._env.set_mapsize(0)
-            return self._env.begin(write=True)
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[Any]:
+        """A write transaction, under the shared gate so a map resize waits for it."""
+        for _ in range(2):
+            with self._gate.shared():
+                if self._closed:
+                    raise JournalUnavailable(f"the journal at {self.path} is closed")
+                try:
+                    txn = self._env.begin(write=True)
+                except lmdb.MapResizedError:
+                    txn = None
+                if txn is not None:
+                    with txn:
+                        yield txn
+                    return
+            self._adopt_map_size()
+        raise JournalUnavailable(f"the journal at {self.path} keeps changing size; retry")
 
     def _write(self, fn: Any) -> Any:
         """Run ``fn(txn)`` in its own durable write transaction (rare, small writes).
@@ -408,7 +431,7 @@ class LmdbJournal(Journal):
         """
         self._usable()
         try:
-            with self._gate.shared(), self._begin_write() as txn:
+            with self._writing() as txn:
                 return fn(txn)
         except lmdb.Error as exc:
             raise JournalUnavailable(f"journal write failed: {exc}") from None

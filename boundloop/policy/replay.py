@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from boundloop import events as ev
-from boundloop.errors import JournalCorrupt
+from boundloop.errors import BoundloopError
 from boundloop.messages import (
     CallMessage,
     Final,
@@ -28,8 +28,8 @@ from boundloop.policy.budget import Budget, Usage
 from boundloop.results import CompletedAction, RunResult, UnresolvedAction
 
 
-class ReplayError(JournalCorrupt):
-    """An event does not follow from the state before it."""
+class ReplayError(BoundloopError):
+    """An event does not follow from the state before it (a damaged journal, or a bug)."""
 
 
 class CallRecord(msgspec.Struct):
