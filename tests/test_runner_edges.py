@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,64 @@ def test_many_runs_waiting_on_async_models_and_tools_cost_no_thread_each(
     assert all(r.status == "final" and r.tool_calls == 1 for r in results)
     assert time.monotonic() - started < 15  # 300 runs x 0.6 s of waiting, overlapped
     assert peak[0] < 100  # a few pools and actors, not a thread per run
+
+
+def test_a_call_waiting_for_a_free_thread_does_not_time_out_before_it_starts(
+        journal_dir: Path) -> None:
+    ran: list[str] = []
+
+    @bl.tool(timeout_s=0.3)
+    def slow(name: str) -> str:
+        time.sleep(0.2)
+        ran.append(name)
+        return name
+
+    with bl.Runner(journal_dir, tool_threads=1) as r:
+        result = r.run(model=bl.ScriptedModel([
+            bl.CallTools([bl.ToolCall("a", "slow", {"name": "a"}),
+                          bl.ToolCall("b", "slow", {"name": "b"})]), bl.Final("x")]),
+            tools=[slow], prompt="p")
+    assert ran == ["a", "b"]
+    assert [m.status for m in result.transcript if m.kind == "tool_result"] == ["ok", "ok"]
+
+
+def test_close_fails_runs_still_in_flight_and_leaves_them_for_recovery(
+        journal_dir: Path) -> None:
+    release = threading.Event()
+
+    def stuck(history: Any, ctx: bl.ModelContext) -> Any:
+        release.wait(5)
+        return bl.Final("late")
+
+    r = bl.Runner(journal_dir)
+    future = r.submit(model=stuck, prompt="p", run_id="left")
+    time.sleep(0.1)
+    r.close(timeout=0.2)
+    with pytest.raises(bl.RunnerClosed):
+        future.result(timeout=10)
+    release.set()
+    with bl.Runner(journal_dir) as again:
+        assert [x.run_id for x in again.recover()] == ["left"]
+
+
+def test_two_runners_racing_on_one_run_id_reject_the_loser(journal_dir: Path) -> None:
+    gate = threading.Barrier(2, timeout=10)
+
+    def model(history: Any, ctx: bl.ModelContext) -> Any:
+        return bl.Final("won")
+
+    with bl.Runner(journal_dir) as a, bl.Runner(journal_dir) as b:
+        results: list[bl.RunResult] = []
+
+        def go(runner: bl.Runner) -> None:
+            gate.wait()
+            results.append(runner.run(model=model, prompt="p", run_id="same"))
+
+        threads = [threading.Thread(target=go, args=(x,)) for x in (a, b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+    assert sorted(r.status for r in results) == ["final", "rejected"]
+    loser = next(r for r in results if r.status == "rejected")
+    assert "already exists" in loser.explanation and loser.model_steps == 0
