@@ -530,9 +530,16 @@ class _StandIn(Tool):
         self._checker = checker
 
     def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        reason = self._checker.invalid_reason
-        if reason is not None:
-            raise ArgumentError(reason)
+        # The loop validates each call in order right before its deadline check: set the
+        # clock and cancellation as the recorded run saw them for this call.
+        recorded = self._checker.recorded_for.pop(id(arguments), None)
+        if recorded is not None:
+            checker = self._checker
+            checker.clock.now = max(checker.clock.now, checker.time_of(recorded))
+            if recorded.decision == "skipped" and recorded.reason == "cancelled":
+                checker.cancel.cancel("as recorded")
+            if recorded.decision == "invalid_arguments":
+                raise ArgumentError(recorded.reason or "invalid arguments (as recorded)")
         return dict(arguments)
 
 
@@ -658,7 +665,7 @@ class _Checker:
         self.pos = 0
         self.matched = 0
         self.divergence: Divergence | None = None
-        self.invalid_reason: str | None = None
+        self.recorded_for: dict[int, ev.CallDecided] = {}
         self.cancel = CancelToken()
         self.clock = _ReplayClock(admitted.ts)
         self.tools = {name: _StandIn(name, flags.get(name), self) for name in admitted.tools}
@@ -744,18 +751,15 @@ class _Checker:
         return estimate
 
     def permit(self, call: ToolCall, tool: Tool, ctx: ModelContext) -> Any:
-        """Feeds the recorded decision of this call: denials, invalid arguments, skips."""
-        self.invalid_reason = None
+        """Feeds the recorded decision of this call: a denial here; invalid arguments, the
+        clock and cancellation through the stand-in's ``validate`` (keyed by the call's
+        arguments object, which the loop hands to both)."""
         recorded = self.decided.get((ctx.step, call.id))
         if recorded is None:
             return True
-        self.clock.now = max(self.clock.now, self.time_of(recorded))
-        if recorded.decision == "skipped" and recorded.reason == "cancelled":
-            self.cancel.cancel("as recorded")
+        self.recorded_for[id(call.arguments)] = recorded
         if recorded.decision == "denied":
             return recorded.reason or "denied (as recorded)"
-        if recorded.decision == "invalid_arguments":
-            self.invalid_reason = recorded.reason or "invalid arguments (as recorded)"
         return True
 
     def model_reply(self, ctx: ModelContext) -> Any:
@@ -858,6 +862,12 @@ class _Checker:
                     reply = self.model_reply(effect.ctx)
                 elif isinstance(effect, loop.Dispatch):
                     reply = [self.outcome(p.execution_id) for p in effect.calls]
+                elif isinstance(effect, loop.CallUser):
+                    # The check's own estimator and permit stand-ins: call them in place.
+                    try:
+                        reply = loop.ModelReply(effect.fn(*effect.args))
+                    except Exception as exc:  # noqa: BLE001 - delivered as the reply
+                        reply = loop.ModelReply(None, exc)
                 elif isinstance(effect, loop.Ledger):
                     # A child run settling with its tree: its own budget (already the smaller
                     # of what it asked and what was left) is what the check holds it to.

@@ -20,7 +20,7 @@ from boundloop import events as ev
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
-from boundloop.errors import ConfigError, JournalError, SequenceConflict
+from boundloop.errors import JournalError, SequenceConflict
 from boundloop.messages import (
     CallMessage,
     CallTools,
@@ -156,7 +156,30 @@ class Ledger(msgspec.Struct):
     close: bool = False
 
 
-Effect = Commit | InvokeModel | Dispatch | Reconcile | Ledger
+class CallUser(msgspec.Struct):
+    """Call user code (an estimator, the permit check) off the supervisor's thread; the
+    reply is a ModelReply holding its value or the exception it raised."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+
+
+class EstimatorFailed(Exception):
+    """The runner's estimator raised or returned something unusable (ends the run)."""
+
+
+def _permits(permit: Permit, calls: list[tuple[ToolCall, Tool]], ctx: ModelContext) -> list[Any]:
+    """Every verdict of ``permit`` for a batch, in order (an exception stands for itself)."""
+    verdicts: list[Any] = []
+    for call, tool in calls:
+        try:
+            verdicts.append(permit(call, tool, ctx))
+        except Exception as exc:  # noqa: BLE001 - a failing permit denies (fail closed)
+            verdicts.append(exc)
+    return verdicts
+
+
+Effect = Commit | InvokeModel | Dispatch | Reconcile | Ledger | CallUser
 
 
 # -- the run's fixed inputs ----------------------------------------------------------------
@@ -221,6 +244,7 @@ class _Driver:
         self.snapshot: tuple[int, Usage] = (0, Usage())
         self.current = self.budget
         self.pre_dispatched: set[str] = set()
+        self.sized = (0, 2)  # messages measured, compact JSON bytes of the list "[...]"
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -443,27 +467,46 @@ class _Driver:
     def deadline_passed(self) -> bool:
         return self.deadline is not None and self.clock.monotonic() >= self.deadline
 
-    def reservation(self) -> Usage:
+    def reservation(self) -> Generator[Effect, Any, Usage]:
+        """The step's reservation: the runner's estimator (run on a worker), else
+        ceil(history JSON bytes / 4) input tokens plus the model's declared output maximum."""
         spec = self.spec
-        if spec.estimator is not None:
-            estimate = spec.estimator(copy_history(self.state.transcript), spec.model)
-            if isinstance(estimate, int) and not isinstance(estimate, bool):
-                estimate = Usage(input_tokens=estimate)
-            if not isinstance(estimate, Usage):
-                raise ConfigError(f"the estimator must return a bl.Usage or an int of input "
-                                  f"tokens, not {type(estimate).__name__}")
-            usage = estimate
-        else:
-            size = len(_json.encode(self.state.transcript))
-            usage = default_reservation(size, getattr(spec.model, "max_output_tokens", None))
-        return priced(usage, spec.price)
+        if spec.estimator is None:
+            usage = default_reservation(self.history_bytes(),
+                                        getattr(spec.model, "max_output_tokens", None))
+            return priced(usage, spec.price)
+        reply = yield CallUser(spec.estimator, (copy_history(self.state.transcript),
+                                                spec.model))
+        estimate = reply.response
+        if isinstance(estimate, int) and not isinstance(estimate, bool):
+            estimate = Usage(input_tokens=estimate)
+        if reply.error is not None or not isinstance(estimate, Usage):
+            why = f"raised {type(reply.error).__name__}: {reply.error}" if reply.error else \
+                f"returned {type(estimate).__name__}, not a bl.Usage or an int of input tokens"
+            raise EstimatorFailed(f"the runner's estimator {why}")
+        return priced(estimate, spec.price)
+
+    def history_bytes(self) -> int:
+        """Bytes of the history as compact JSON, kept up to date as it grows (encoding the
+        whole history each step would make a run quadratic)."""
+        transcript = self.state.transcript
+        count, size = self.sized
+        if count > len(transcript):  # never shrinks in a run; be safe anyway
+            count, size = 0, 2
+        for message in transcript[count:]:
+            size += len(_json.encode(message)) + (1 if size > 2 else 0)
+        self.sized = (len(transcript), size)
+        return size
 
     def round(self) -> Generator[Effect, Any, decide.Stop | None]:
         spec, st = self.spec, self.state
         tree = yield from self.settle_ledger()
         budget = self.current = self.budget if tree is None else \
             within_tree(self.budget, st.tool_calls, st.usage, tree.left)
-        reservation = self.reservation()
+        try:
+            reservation = yield from self.reservation()
+        except EstimatorFailed as exc:
+            return decide.Stop("model_error", detail=journal_safe(str(exc)))
         stop = decide.before_model(st, budget, cancelled=spec.cancel.cancelled,
                                    deadline_passed=self.deadline_passed(),
                                    reservation=reservation)
@@ -522,45 +565,50 @@ class _Driver:
                                    "The parent run has too few tool calls left for the batch.")
         return (yield from self.calls(step, parsed, ctx))
 
-    def decide_call(self, call: ToolCall, ctx: ModelContext) -> tuple[str, str, dict[str, Any]]:
-        """(decision, reason, handler kwargs): unknown tool, permission, arguments, deadline."""
+    def decide_calls(self, batch: CallTools,
+                     ctx: ModelContext) -> Generator[Effect, Any, list[tuple[str, str,
+                                                                            dict[str, Any]]]]:
+        """(decision, reason, handler kwargs) per call, by ``decide.call_decision``. The
+        user's ``permit`` runs on a worker, never on the supervisor's thread."""
         spec = self.spec
-        tool = spec.tools.get(call.name)
         # permit and the handler get their own copies: nothing they do to the arguments
         # can change the recorded call.
-        call = msgspec.msgpack.decode(msgspec.msgpack.encode(call), type=ToolCall)
-        if tool is None:
-            known = ", ".join(sorted(spec.tools)) or "none"
-            return "unknown_tool", f"no tool named {call.name!r} (tools: {known})", {}
-        if spec.read_only and not tool.read_only:
-            return "denied", (f"this runner is read-only and tool {tool.name!r} is not "
-                              "marked read_only"), {}
+        calls = [msgspec.msgpack.decode(msgspec.msgpack.encode(c), type=ToolCall)
+                 for c in batch.calls]
+        verdicts: list[Any] = [None] * len(calls)
         if spec.permit is not None:
-            try:
-                verdict = spec.permit(call, tool, ctx)
-            except Exception as exc:  # noqa: BLE001 - a failing permit denies (fail closed)
-                return "denied", f"the permission check raised {type(exc).__name__}: {exc}", {}
-            if verdict is not True:
-                reason = verdict if isinstance(verdict, str) and verdict else \
-                    "denied by the permission check"
-                return "denied", reason, {}
-        try:
-            kwargs = tool.validate(call.arguments)
-        except ArgumentError as exc:
-            return "invalid_arguments", f"invalid arguments for {tool.name!r}: {exc}", {}
-        if self.deadline_passed():
-            return "skipped", "deadline", kwargs
-        if spec.cancel.cancelled:
-            return "skipped", "cancelled", kwargs
-        return "allow", "", kwargs
+            asked = [(i, c, spec.tools[c.name]) for i, c in enumerate(calls)
+                     if c.name in spec.tools
+                     and (spec.read_only is False or spec.tools[c.name].read_only)]
+            answers = yield CallUser(_permits, (spec.permit, [(c, t) for _, c, t in asked],
+                                                ctx))
+            for (i, _, _), verdict in zip(asked, answers.response, strict=True):
+                verdicts[i] = verdict
+        out = []
+        for call, verdict in zip(calls, verdicts, strict=True):
+            tool = spec.tools.get(call.name)
+            kwargs: dict[str, Any] = {}
+            invalid = None
+            if tool is not None:
+                try:
+                    kwargs = tool.validate(call.arguments)
+                except ArgumentError as exc:
+                    invalid = str(exc)
+            decision, reason = decide.call_decision(
+                call.name, spec.tools, tool_read_only=bool(tool and tool.read_only),
+                read_only_runner=spec.read_only, verdict=verdict, invalid=invalid,
+                deadline_passed=self.deadline_passed(), cancelled=spec.cancel.cancelled)
+            out.append((decision, reason, kwargs if decision in ("allow", "skipped") else {}))
+        return out
 
     def calls(self, step: int, batch: CallTools,
               ctx: ModelContext) -> Generator[Effect, Any, decide.Stop | None]:
         spec, st = self.spec, self.state
         planned: list[Planned] = []
         skipped: list[str] = []
-        for index, call in enumerate(batch.calls):
-            decision, reason, kwargs = self.decide_call(call, ctx)
+        decisions = yield from self.decide_calls(batch, ctx)
+        for index, (call, (decision, reason, kwargs)) in enumerate(
+                zip(batch.calls, decisions, strict=True)):
             tool = spec.tools.get(call.name)
             eid = f"{spec.run_id}:{step}:{index}"
             key = idempotency_key(spec.run_id, call.id)

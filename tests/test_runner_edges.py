@@ -168,9 +168,13 @@ def test_tools_shapes_estimators_and_validated_intents(runner: bl.Runner) -> Non
         r3 = counting.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p",
                           budget=bl.Budget(max_input_tokens=9))
         assert (r3.status, r3.exhausted_limit) == ("limit_exceeded", "input_tokens")
-    with bl.Runner(runner.journal, estimator=lambda h, m: "lots") as bad, \
-            pytest.raises(bl.ConfigError):
-        bad.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p")
+    with bl.Runner(runner.journal, estimator=lambda h, m: "lots") as bad:
+        model = bl.ScriptedModel([bl.Final("x")])
+        r4 = bad.run(model=model, prompt="p")
+        # The run ends with a status (and a RunFinished), never half-open.
+        assert r4.status == "model_error" and "estimator" in r4.explanation
+        assert model.calls == 0
+        assert bl.replay(bad.journal.events(r4.run_id)).status == "model_error"
 
 
 def test_two_runners_on_one_directory_in_one_process(journal_dir: Path) -> None:
@@ -272,3 +276,22 @@ def test_two_runners_racing_on_one_run_id_reject_the_loser(journal_dir: Path) ->
     assert sorted(r.status for r in results) == ["final", "rejected"]
     loser = next(r for r in results if r.status == "rejected")
     assert "already exists" in loser.explanation and loser.model_steps == 0
+
+
+def test_a_slow_permit_does_not_stall_other_runs(journal_dir: Path) -> None:
+    @bl.tool
+    def act() -> str:
+        return "done"
+
+    def slow_permit(call: bl.ToolCall, tool: bl.Tool, ctx: bl.ModelContext) -> bool:
+        time.sleep(1.0)
+        return True
+
+    with bl.Runner(journal_dir, supervisors=1) as r:
+        slow = r.submit(model=bl.ScriptedModel(one_call("act")), tools=[act], prompt="p",
+                        permit=slow_permit)
+        time.sleep(0.1)
+        started = time.monotonic()
+        quick = r.run(model=bl.ScriptedModel(one_call("act")), tools=[act], prompt="p")
+        assert quick.status == "final" and time.monotonic() - started < 0.6
+        assert slow.result(timeout=10).status == "final"

@@ -21,6 +21,7 @@ from boundloop.actors.workers import Workers, tell
 from boundloop.errors import JournalUnavailable
 from boundloop.journal.base import Journal
 from boundloop.loop import (
+    CallUser,
     Commit,
     Dispatch,
     Effect,
@@ -101,6 +102,16 @@ class SupervisorActor(pykka.ThreadingActor):
                     tell(me, EffectDone(run_id, None, err, count))
 
                 self.journal.submit(run_id, run.seq, events, committed)
+            case CallUser(fn=fn, args=args):
+                started = time.perf_counter()
+                call = self.workers.submit(self.workers.model_pool, fn, *args)
+
+                def answered(f: Future[Any]) -> None:
+                    exc = f.exception()
+                    tell(me, EffectDone(run_id, ModelReply(
+                        None if exc else f.result(), exc, time.perf_counter() - started)))
+
+                call.add_done_callback(answered)
             case InvokeModel() if self.journal.closed:
                 # Fail closed: no model step the journal could not record.
                 self._advance(run_id, run, None, JournalUnavailable(

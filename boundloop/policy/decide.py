@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -94,6 +95,35 @@ def check_batch(state: RunState, budget: Budget, calls: CallTools, *,
     if state.tool_calls + len(calls.calls) > budget.max_tool_calls:
         return stop_limit("tool_calls")
     return None
+
+
+def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
+                  read_only_runner: bool, verdict: Any, invalid: str | None,
+                  deadline_passed: bool, cancelled: bool) -> tuple[str, str]:
+    """SPEC 5.9, one call, in order: unknown tool, permission, arguments, deadline.
+
+    ``verdict`` is what ``permit`` returned (True allows; a non-empty string is the reason
+    to deny; an exception it raised denies), or None when there is no ``permit``.
+    ``invalid`` says what is wrong with the arguments, or None when they are valid.
+    Returns ``(decision, reason)``.
+    """
+    if name not in known:
+        tools = ", ".join(sorted(known)) or "none"
+        return "unknown_tool", f"no tool named {name!r} (tools: {tools})"
+    if read_only_runner and not tool_read_only:
+        return "denied", f"this runner is read-only and tool {name!r} is not marked read_only"
+    if isinstance(verdict, BaseException):
+        return "denied", f"the permission check raised {type(verdict).__name__}: {verdict}"
+    if verdict is not None and verdict is not True:
+        return "denied", verdict if isinstance(verdict, str) and verdict else \
+            "denied by the permission check"
+    if invalid is not None:
+        return "invalid_arguments", f"invalid arguments for {name!r}: {invalid}"
+    if deadline_passed:
+        return "skipped", "deadline"
+    if cancelled:
+        return "skipped", "cancelled"
+    return "allow", ""
 
 
 def explain(stop: Stop, budget: Budget) -> str:
