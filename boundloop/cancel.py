@@ -25,10 +25,6 @@ class CancelToken:
         """True once ``cancel`` was called."""
         return self._event.is_set()
 
-    def is_cancelled(self) -> bool:
-        """Same as ``cancelled``."""
-        return self._event.is_set()
-
     def wait(self, timeout: float | None = None) -> bool:
         """Block until cancelled or ``timeout`` passes; True when cancelled."""
         return self._event.wait(timeout)
@@ -51,9 +47,6 @@ class _ChildToken(CancelToken):
     @property
     def cancelled(self) -> bool:
         return self._event.is_set() or any(p.cancelled for p in self._parents)
-
-    def is_cancelled(self) -> bool:
-        return self.cancelled
 
     def wait(self, timeout: float | None = None) -> bool:
         # Poll the parent too: a child's wait must end when either is cancelled.

@@ -75,7 +75,6 @@ class UsageCharged(Event, frozen=True, tag="usage.charged"):
     step: int
     usage: Usage
     estimated: bool = False
-    child_run_id: str | None = None
 
 
 class CallDecided(Event, frozen=True, tag="call.decided"):

@@ -645,7 +645,7 @@ class _Checker:
             match e:
                 case ev.ModelStepCompleted() | ev.ModelStepFailed():
                     self.responses[e.step] = e
-                case ev.UsageCharged(estimated=False, child_run_id=None):
+                case ev.UsageCharged(estimated=False):
                     self.charged[e.step] = e.usage
                 case ev.CallDecided():
                     self.decided[(e.step, e.call_id)] = e

@@ -37,6 +37,7 @@ from boundloop.policy.budget import (
     Price,
     Usage,
     default_reservation,
+    exceeded,
     priced,
     remaining,
     within_tree,
@@ -49,6 +50,7 @@ from boundloop.tools import ArgumentError, Tool
 Estimator = Callable[[list[Message], Any], Usage]
 Permit = Callable[[ToolCall, Tool, ModelContext], Any]
 _json = msgspec.json.Encoder()
+_schemas_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 
 
 # -- effects the driver asks for --------------------------------------------------------
@@ -84,7 +86,6 @@ class Planned(msgspec.Struct):
     tool: Tool
     kwargs: dict[str, Any]
     first_attempt: int = 1
-    reconcile_first: bool = False
 
 
 class ParentLink(msgspec.Struct):
@@ -218,6 +219,11 @@ def idempotency_key(run_id: str, call_id: str) -> str:
     return hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:32]
 
 
+def needs_review(actions: list[str]) -> decide.Stop:
+    """The stop for actions only a person can settle."""
+    return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(actions) + ".")
+
+
 NOTICE = ("Your last response was malformed ({reason}). Answer with a final response or a "
           "list of tool calls.")
 
@@ -236,7 +242,7 @@ class _Driver:
         deadline_s = self.budget.deadline_s
         self.deadline = None if deadline_s is None else \
             self.started + max(deadline_s - self.elapsed_before, 0.0)
-        self.schemas = [t.schema for t in spec.tools.values()]
+        self.schemas = _json.encode([t.schema for t in spec.tools.values()])
         # The run tree's ledger (SPEC 8): a child settles from the start; a parent once a
         # handler of it started a child. ``charged`` is own spend already charged.
         self.ledger_open = spec.parent_run_id is not None and spec.resume is None
@@ -350,22 +356,16 @@ class _Driver:
                 review.append(f"{rec.tool} {rec.execution_id} (tool not given to resume)")
                 continue
             attempt = max(rec.attempt, 1)
+            # Arguments redacted in the journal cannot be sent again (SPEC 6).
+            retryable = tool.idempotent and not rec.redacted
             planned = Planned(spec.run_id, rec.execution_id, rec.idempotency_key, rec.call_id,
                               tool, {}, first_attempt=attempt + 1)
             if tool.reconcile is not None:
                 took, value = yield Reconcile(planned)
-                if took is True:
-                    fields = self.result_fields(value)
-                    fields.pop("status", None)
-                    self.emit(ev.CallReconciled, execution_id=rec.execution_id, attempt=attempt,
-                              took_effect=True, **fields)
+                self.reconciled(rec.execution_id, attempt, took, value)
+                if took is True or (took is False and not retryable):
                     continue
-                if took is False:
-                    self.emit(ev.CallReconciled, execution_id=rec.execution_id, attempt=attempt,
-                              took_effect=False)
-                    if not (tool.idempotent and not rec.redacted):
-                        continue
-            if not tool.idempotent or rec.redacted:
+            if not retryable:
                 why = "its arguments were redacted" if rec.redacted else "it is not idempotent"
                 review.append(f"{rec.tool} {rec.execution_id} ({why} and cannot be reconciled)")
                 continue
@@ -389,7 +389,7 @@ class _Driver:
                 else:
                     self.record(outcome)
         if review:
-            return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(review) + ".")
+            return needs_review(review)
         if st.round_calls:
             self.emit(ev.RoundCompleted, step=st.model_steps)
         return None
@@ -451,6 +451,9 @@ class _Driver:
             # as its durable events left it, for recovery to resolve and resume.
             return self.unavailable(stop.detail)
         yield from self.settle_ledger(close=True)
+        if stop.status == "cancelled" and self.spec.cancel.reason:
+            stop = msgspec.structs.replace(stop, detail=journal_safe(
+                f"Reason: {self.spec.cancel.reason}. {stop.detail}".strip()))
         explanation = decide.explain(stop, self.current)
         st = self.state
         self.emit(ev.RunFinished, status=stop.status, exhausted_limit=stop.limit,
@@ -459,9 +462,8 @@ class _Driver:
         try:
             yield from self.commit()
         except JournalError as exc:
-            if stop.status != "journal_unavailable":
-                return self.unavailable(f"The run ended {stop.status}, but the journal could "
-                                        f"not record it ({exc}).")
+            return self.unavailable(f"The run ended {stop.status}, but the journal could not "
+                                    f"record it ({exc}).")
         return self.result()
 
     def deadline_passed(self) -> bool:
@@ -517,7 +519,8 @@ class _Driver:
         step = st.model_steps + 1
         self.emit(ev.ModelStepStarted, step=step, tools_allowed=allowed, reservation=reservation)
         ctx = ModelContext(
-            run_id=spec.run_id, step=step, tools_allowed=allowed, tools=self.schemas,
+            run_id=spec.run_id, step=step, tools_allowed=allowed,
+            tools=_schemas_decoder.decode(self.schemas),  # its own copy: the model may edit it
             remaining=remaining(budget, st.model_steps, st.tool_calls,
                                 st.usage - reservation, self.elapsed()),
             deadline=self.deadline, cancel=spec.cancel)
@@ -550,7 +553,7 @@ class _Driver:
             self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
         if isinstance(parsed, Final):
             return decide.Stop("final")
-        limit = decide.over(budget, st.usage)
+        limit = exceeded(budget, st.usage)
         if limit is not None:
             return decide.Stop("limit_exceeded", limit,
                                "No call of the last response was dispatched.")
@@ -652,7 +655,7 @@ class _Driver:
         if review:
             # The round stays open (no RoundCompleted): once a person resolves the action,
             # resume puts the round's results into the history and the run goes on.
-            return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(review) + ".")
+            return needs_review(review)
         self.emit(ev.RoundCompleted, step=step)
         if skipped:
             if "journal" in skipped:
@@ -676,6 +679,16 @@ class _Driver:
                                  f"{limit}; it was not kept")
             fields["status"] = "too_large"
         return fields
+
+    def reconciled(self, eid: str, attempt: int, took: bool | None, value: Any) -> None:
+        """Record what ``reconcile`` said: took effect (with its result) or did not."""
+        if took is True:
+            fields = self.result_fields(value)
+            fields.pop("status", None)  # a reconciled result is never refused for size
+            self.emit(ev.CallReconciled, execution_id=eid, attempt=attempt, took_effect=True,
+                      **fields)
+        elif took is False:
+            self.emit(ev.CallReconciled, execution_id=eid, attempt=attempt, took_effect=False)
 
     def record(self, outcome: Outcome) -> None:
         eid = outcome.execution_id
@@ -703,14 +716,8 @@ class _Driver:
             else:
                 self.emit(ev.CallTimedOut, execution_id=eid, attempt=att.attempt,
                           timeout_s=att.timeout_s, latency_s=att.latency_s)
-                if att.reconciled is True:
-                    fields = self.result_fields(att.reconciled_value)
-                    fields.pop("status", None)
-                    self.emit(ev.CallReconciled, execution_id=eid, attempt=att.attempt,
-                              took_effect=True, **fields)
-                elif att.reconciled is False:
-                    self.emit(ev.CallReconciled, execution_id=eid, attempt=att.attempt,
-                              took_effect=False)
+                if att.reconciled is not None:
+                    self.reconciled(eid, att.attempt, att.reconciled, att.reconciled_value)
                 elif last:
                     self.emit(ev.CallOutcomeUnknown, execution_id=eid, attempt=att.attempt,
                               content=att.error or "the call timed out; whether it took "

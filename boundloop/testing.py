@@ -10,7 +10,7 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
-from boundloop.errors import JournalUnavailable
+from boundloop.errors import ConfigError, JournalUnavailable
 from boundloop.events import Event
 from boundloop.journal.base import Done, Journal, OwnerRecord, RunInfo
 
@@ -28,7 +28,7 @@ class FaultyJournal(Journal):
 
     def __init__(self, inner: Journal, fail_at: int | None = None, mode: str = "raise") -> None:
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}")
+            raise ConfigError(f"FaultyJournal mode must be one of {MODES}, not {mode!r}")
         self.inner = inner
         self.fail_at = fail_at
         self.mode = mode

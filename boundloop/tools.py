@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from boundloop.errors import ConfigError
+from boundloop.errors import BoundloopError, ConfigError
 
 if typing.TYPE_CHECKING:
     from boundloop.cancel import CancelToken
@@ -110,7 +110,7 @@ class ToolContext:
         return await done
 
 
-class ArgumentError(ValueError):
+class ArgumentError(BoundloopError, ValueError):
     """Arguments that do not match a tool's schema (becomes ``invalid_arguments``)."""
 
 
@@ -167,7 +167,6 @@ class Tool:
         self.retry = retry
         self.reconcile = reconcile
         self.sensitive = frozenset(sensitive)
-        self.is_async = inspect.iscoroutinefunction(handler)
         self._args_type, self._context_name = self._derive()
         self.schema = self._schema()
 

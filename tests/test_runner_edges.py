@@ -295,3 +295,14 @@ def test_a_slow_permit_does_not_stall_other_runs(journal_dir: Path) -> None:
         quick = r.run(model=bl.ScriptedModel(one_call("act")), tools=[act], prompt="p")
         assert quick.status == "final" and time.monotonic() - started < 0.6
         assert slow.result(timeout=10).status == "final"
+
+
+def test_a_journal_open_in_this_process_is_not_opened_twice(journal_dir: Path) -> None:
+    from boundloop.journal import LmdbJournal
+
+    with bl.Runner(journal_dir) as r:
+        with pytest.raises(bl.JournalUnavailable, match="already open in this process"):
+            LmdbJournal(journal_dir)
+        assert r.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p").status == "final"
+    with LmdbJournal(journal_dir) as j:  # once closed, it opens again
+        assert len(list(j.runs())) == 1

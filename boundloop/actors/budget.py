@@ -15,7 +15,15 @@ import msgspec
 import pykka
 
 from boundloop.loop import Ledger
-from boundloop.policy.budget import Budget, ChildSpend, LedgerReply, TreeLeft, Usage
+from boundloop.policy.budget import (
+    Budget,
+    ChildSpend,
+    LedgerReply,
+    TreeLeft,
+    Usage,
+    remaining,
+    smaller,
+)
 
 
 class Open(msgspec.Struct):
@@ -53,10 +61,6 @@ class _Node(msgspec.Struct):
     tool_calls: int = 0
     usage: Usage = msgspec.field(default_factory=Usage)
     unfolded: dict[str, ChildSpend] = msgspec.field(default_factory=dict)
-
-
-def _min(a: Any, b: Any) -> Any:
-    return b if a is None else a if b is None else min(a, b)
 
 
 class BudgetActor(pykka.ThreadingActor):
@@ -109,17 +113,12 @@ class BudgetActor(pykka.ThreadingActor):
         for name, node in self._chain(run_id):
             if name == run_id and not include_self:
                 continue
-            b, u = node.budget, node.usage
-
-            def room(limit: float | None, used: float) -> Any:
-                return None if limit is None else max(limit - used, 0)
-
-            left = TreeLeft(
-                _min(left.tool_calls, room(b.max_tool_calls, node.tool_calls)),
-                _min(left.input_tokens, room(b.max_input_tokens, u.all_input_tokens)),
-                _min(left.output_tokens, room(b.max_output_tokens, u.output_tokens)),
-                _min(left.total_tokens, room(b.max_total_tokens, u.total_tokens)),
-                _min(left.cost, room(b.max_cost, u.cost or 0.0)))
+            r = remaining(node.budget, 0, node.tool_calls, node.usage, 0.0)
+            left = TreeLeft(smaller(left.tool_calls, r.tool_calls),
+                            smaller(left.input_tokens, r.input_tokens),
+                            smaller(left.output_tokens, r.output_tokens),
+                            smaller(left.total_tokens, r.total_tokens),
+                            smaller(left.cost, r.cost))
         return left
 
     def _settle(self, m: Ledger) -> LedgerReply:

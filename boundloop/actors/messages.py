@@ -47,30 +47,3 @@ class Release(msgspec.Struct):
     """Admission: this run is no longer in flight."""
 
     run_id: str
-
-
-class Charge(msgspec.Struct):
-    """Budget authority: a run spent this; charge it to every ancestor too."""
-
-    run_id: str
-    tool_calls: int = 0
-    usage: Any = None
-
-
-class OpenLedger(msgspec.Struct):
-    """Budget authority: track a run (under ``parent``, if nested)."""
-
-    run_id: str
-    parent: str | None = None
-
-
-class Spent(msgspec.Struct):
-    """Budget authority: what the run's descendants spent since it last asked."""
-
-    run_id: str
-
-
-class CloseLedger(msgspec.Struct):
-    """Budget authority: forget a finished run."""
-
-    run_id: str

@@ -13,6 +13,7 @@ import queue
 import secrets
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -116,10 +117,24 @@ class LmdbJournal(Journal):
             # journal's directory is left as its owner set it.
             os.chmod(self.path, 0o700)
         self._key = self._load_key()
+        self.pid = os.getpid()
+        self._closed = False
+        self._real = os.path.realpath(self.path)
+        with _opened_lock:
+            other = _opened.get(self._real)
+            if other is not None and not other.closed and other.pid == os.getpid():
+                raise JournalUnavailable(
+                    f"the journal at {self.path} is already open in this process (LMDB allows "
+                    "one environment per process): use that one, e.g. runner.journal, or "
+                    "boundloop.journal.lmdb.acquire()")
+            _opened[self._real] = self
         try:
             self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=8, sync=sync,
                                   max_readers=max_readers, mode=0o600, subdir=True)
         except lmdb.Error as exc:
+            with _opened_lock:
+                _opened.pop(self._real, None)
+            self._closed = True
             raise JournalUnavailable(f"cannot open the journal at {self.path}: {exc}") from None
         # Readers left behind by processes that died would pin old pages forever.
         self._env.reader_check()
@@ -136,8 +151,6 @@ class LmdbJournal(Journal):
         self._max_map_size = max(max_map_size, map_size)
         self._gate = _Gate()
         self._commits = 0
-        self.pid = self._pid = os.getpid()
-        self._closed = False
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="boundloop-journal",
@@ -179,7 +192,7 @@ class LmdbJournal(Journal):
     def _usable(self) -> None:
         if self._closed:
             raise JournalUnavailable(f"the journal at {self.path} is closed; open it again")
-        if os.getpid() != self._pid:
+        if os.getpid() != self.pid:
             raise JournalUnavailable("this journal was opened before fork(), and LMDB cannot "
                                      "be used or reopened across fork(): open the journal only "
                                      "in the process that uses it (start children with "
@@ -195,6 +208,9 @@ class LmdbJournal(Journal):
             self._writer.join()  # its last commit ends before the environment does
         with self._gate.exclusive():  # and so does every read in flight
             self._env.close()
+        with _opened_lock:
+            if _opened.get(self._real) is self:
+                del _opened[self._real]
 
     # -- writing -----------------------------------------------------------------------
     def submit(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
@@ -472,6 +488,9 @@ class LmdbJournal(Journal):
         return [i.run_id for i in victims]
 
 
+#: Every journal open in this process, by real path (LMDB allows one environment each).
+_opened: weakref.WeakValueDictionary[str, LmdbJournal] = weakref.WeakValueDictionary()
+_opened_lock = threading.Lock()
 _shared: dict[str, list[Any]] = {}
 _shared_lock = threading.Lock()
 

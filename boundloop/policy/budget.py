@@ -159,6 +159,15 @@ class Remaining(msgspec.Struct, frozen=True):
     cost: float | None = None
 
 
+def smaller(a: Any, b: Any) -> Any:
+    """The smaller of two limits where None means unbounded."""
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return min(a, b)
+
+
 def _left(limit: float | None, used: float) -> Any:
     return None if limit is None else max(limit - used, 0)
 
@@ -196,13 +205,6 @@ def default_reservation(history_json_bytes: int, declared_output_max: int | None
 
 def carve(parent: Remaining, asked: Budget) -> Budget:
     """A child's budget: for every shared limit, the smaller of what it asks and what is left."""
-
-    def smaller(a: Any, b: Any) -> Any:
-        if a is None:
-            return b
-        if b is None:
-            return a
-        return min(a, b)
 
     return msgspec.structs.replace(
         asked,

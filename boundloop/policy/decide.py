@@ -32,11 +32,6 @@ def stop_limit(limit: str) -> Stop:
     return Stop("limit_exceeded", limit)
 
 
-def over(budget: Budget, usage: Usage) -> str | None:
-    """The first token or cost limit that ``usage`` exceeds."""
-    return exceeded(budget, usage)
-
-
 def before_model(state: RunState, budget: Budget, *, cancelled: bool, deadline_passed: bool,
                  reservation: Usage) -> Stop | None:
     """SPEC 5.1: may the next model step run?"""

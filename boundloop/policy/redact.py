@@ -6,6 +6,7 @@ guessed secret cannot be confirmed from a copied journal without that key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import re
@@ -34,6 +35,7 @@ def key_words(key: str) -> list[str]:
     return [w.lower() for w in _WORD.findall(key)]
 
 
+@functools.lru_cache(maxsize=4096)
 def is_credential(key: str) -> bool:
     """True when a whole word (or word pair) of ``key`` names a credential."""
     words = key_words(key)
