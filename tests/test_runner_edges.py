@@ -306,3 +306,32 @@ def test_a_journal_open_in_this_process_is_not_opened_twice(journal_dir: Path) -
         assert r.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p").status == "final"
     with LmdbJournal(journal_dir) as j:  # once closed, it opens again
         assert len(list(j.runs())) == 1
+
+
+def test_a_slow_model_or_tool_in_one_run_does_not_stall_the_others(
+        journal_dir: Path) -> None:
+    def slow_model(history: list[bl.Message], ctx: bl.ModelContext) -> Any:
+        time.sleep(1.0)
+        return bl.Final("slow")
+
+    @bl.tool
+    def slow_tool() -> str:
+        time.sleep(1.0)
+        return "slow"
+
+    @bl.tool
+    def quick() -> str:
+        return "quick"
+
+    with bl.Runner(journal_dir, supervisors=1) as r:
+        a = r.submit(model=slow_model, prompt="p")
+        b = r.submit(model=bl.ScriptedModel(one_call("slow_tool")), tools=[slow_tool],
+                     prompt="p")
+        time.sleep(0.1)
+        started = time.monotonic()
+        for _ in range(5):
+            fast = r.run(model=bl.ScriptedModel(one_call("quick")), tools=[quick], prompt="p")
+            assert fast.status == "final"
+        assert time.monotonic() - started < 0.8
+        assert a.result(timeout=10).status == "final"
+        assert b.result(timeout=10).status == "final"
