@@ -280,13 +280,15 @@ class LmdbJournal(Journal):
         return True
 
     @contextlib.contextmanager
-    def _reading(self, db: Any = None) -> Iterator[Any]:
+    def _txn(self, db: Any = None, write: bool = False) -> Iterator[Any]:
+        """A transaction under the shared gate (so a map resize waits for it), adopting a
+        map grown by another process first if LMDB asks."""
         for _ in range(2):
             with self._gate.shared():
                 if self._closed:
                     raise JournalUnavailable(f"the journal at {self.path} is closed")
                 try:
-                    txn = self._env.begin(db=db)
+                    txn = self._env.begin(db=db, write=write)
                 except lmdb.MapResizedError:
                     txn = None
                 if txn is not None:
@@ -314,7 +316,7 @@ class LmdbJournal(Journal):
             for tries in range(8):
                 outcomes = []
                 try:
-                    with self._writing() as txn:
+                    with self._txn(write=True) as txn:
                         for req in batch:
                             outcomes.append(self._append_in(txn, req))
                     break
@@ -381,7 +383,7 @@ class LmdbJournal(Journal):
         self._usable()
         prefix = run_id.encode() + _SEP
         out: list[tuple[int, ev.Event]] = []
-        with self._reading(self._events) as txn:
+        with self._txn(self._events) as txn:
             cur = txn.cursor()
             if cur.set_range(_ekey(run_id, after + 1)):
                 for key, value in cur:
@@ -394,20 +396,20 @@ class LmdbJournal(Journal):
         self._usable()
         if not isinstance(run_id, str) or not run_id or "\x00" in run_id:
             return None
-        with self._reading(self._runs) as txn:
+        with self._txn(self._runs) as txn:
             raw = txn.get(run_id.encode())
         return None if raw is None else _info_dec.decode(raw)
 
     def runs(self) -> Iterator[str]:
         self._usable()
-        with self._reading(self._order) as txn:
+        with self._txn(self._order) as txn:
             ids = [v.decode() for _, v in txn.cursor()]
         return iter(ids)
 
     def infos(self) -> list[RunInfo]:
         """Every run's index entry, oldest first."""
         self._usable()
-        with self._reading() as txn:
+        with self._txn() as txn:
             out = []
             for _, rid in txn.cursor(db=self._order):
                 raw = txn.get(rid, db=self._runs)
@@ -417,28 +419,11 @@ class LmdbJournal(Journal):
 
     def open_runs(self) -> Iterator[str]:
         self._usable()
-        with self._reading(self._open) as txn:
+        with self._txn(self._open) as txn:
             ids = [k.decode() for k, _ in txn.cursor()]
         return iter(ids)
 
     # -- owners ------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[Any]:
-        """A write transaction, under the shared gate so a map resize waits for it."""
-        for _ in range(2):
-            with self._gate.shared():
-                if self._closed:
-                    raise JournalUnavailable(f"the journal at {self.path} is closed")
-                try:
-                    txn = self._env.begin(write=True)
-                except lmdb.MapResizedError:
-                    txn = None
-                if txn is not None:
-                    with txn:
-                        yield txn
-                    return
-            self._adopt_map_size()
-        raise JournalUnavailable(f"the journal at {self.path} keeps changing size; retry")
 
     def _write(self, fn: Any) -> Any:
         """Run ``fn(txn)`` in its own durable write transaction (rare, small writes).
@@ -447,7 +432,7 @@ class LmdbJournal(Journal):
         """
         self._usable()
         try:
-            with self._writing() as txn:
+            with self._txn(write=True) as txn:
                 return fn(txn)
         except lmdb.Error as exc:
             raise JournalUnavailable(f"journal write failed: {exc}") from None
@@ -461,7 +446,7 @@ class LmdbJournal(Journal):
 
     def owners(self) -> dict[str, OwnerRecord]:
         self._usable()
-        with self._reading(self._owners) as txn:
+        with self._txn(self._owners) as txn:
             return {k.decode(): _owner_dec.decode(v) for k, v in txn.cursor()}
 
     # -- retention ---------------------------------------------------------------------
