@@ -96,3 +96,32 @@ def test_values_the_journal_cannot_store_never_stall_the_runner(runner: bl.Runne
         runner.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="bad \ud800")
     # The writer is still alive for everyone else.
     assert runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p").status == "final"
+
+
+def test_a_hanging_reconcile_cannot_hang_resume(tmp_path: Path) -> None:
+    import time
+
+    @bl.tool(timeout_s=0.3)
+    def book(room: str) -> str:
+        return f"booked {room}"
+
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "book", {"room": "r1"})]),
+                              bl.CallTools([bl.ToolCall("c2", "book", {"room": "r2"})])])
+    journal = FaultyJournal(LmdbJournal(tmp_path / "j"), fail_at=3, mode="raise")
+    with bl.Runner(journal) as runner:
+        assert runner.run(model=model, tools=[book], prompt="p", run_id="r").status == \
+            "journal_unavailable"
+    journal.close()
+
+    def stuck(key: str) -> str | None:
+        time.sleep(30)
+        return None
+
+    hanging = bl.Tool("book", book.handler, timeout_s=0.3, reconcile=stuck)
+    with bl.Runner(tmp_path / "j") as runner:
+        runner.recover()
+        started = time.monotonic()
+        result = runner.resume("r", model=bl.ScriptedModel([bl.Final("x")]), tools=[hanging])
+        assert time.monotonic() - started < 5
+    assert result.status == "needs_review"
+    assert [u.call_id for u in result.unresolved] == ["c1"]

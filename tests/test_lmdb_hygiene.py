@@ -49,3 +49,31 @@ def test_full_journal_fails_closed_and_the_run_says_so(tmp_path: Path) -> None:
                    if isinstance(e, ev.CallDecided)]
         assert len(ran) <= len(decided) < 12
     journal.close()
+
+
+def test_a_map_grown_by_another_process_is_adopted(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+    import textwrap
+
+    grow = textwrap.dedent("""
+        import sys
+        import boundloop as bl
+        from boundloop import events as ev
+        from boundloop.journal import LmdbJournal
+        with LmdbJournal(sys.argv[1], map_size=256 << 10) as j:
+            seq = j.append("other", 0, [ev.RunAdmitted(run_id="other", budget=bl.Budget(),
+                                                       history=[], tools=[])])
+            for i in range(400):
+                seq = j.append("other", seq, [ev.NoticeAdded(run_id="other", text="x" * 2000)])
+    """)
+    with LmdbJournal(tmp_path / "j", map_size=256 << 10) as mine:
+        seq = mine.append("r", 0, [admitted("r")])
+        done = subprocess.run([sys.executable, "-c", grow, str(tmp_path / "j")],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        # This process still has the small map: reading and writing adopt the new size.
+        assert len(list(mine.events("other"))) == 401
+        mine.append("r", seq, [notice("r", 1)])
+        assert [e.text[:6] for e in mine.events("r") if isinstance(e, ev.NoticeAdded)] == [
+            "000001"]
