@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 
 class CancelToken:
@@ -50,8 +51,6 @@ class _ChildToken(CancelToken):
 
     def wait(self, timeout: float | None = None) -> bool:
         # Poll the parent too: a child's wait must end when either is cancelled.
-        import time
-
         end = None if timeout is None else time.monotonic() + timeout
         while not self.cancelled:
             left = 0.05 if end is None else min(0.05, end - time.monotonic())

@@ -10,6 +10,7 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from boundloop.errors import ConfigError
 from boundloop.policy.budget import Usage
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -72,8 +73,6 @@ def to_history(items: list[Any]) -> list[Message]:
     Raises:
         ConfigError: an item is not a message.
     """
-    from boundloop.errors import ConfigError
-
     try:
         plain = [msgspec.to_builtins(m) if isinstance(m, msgspec.Struct) else m for m in items]
         # Through msgpack and back: nothing nested stays shared with the caller's objects.

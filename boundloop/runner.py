@@ -30,7 +30,6 @@ from boundloop.errors import (
     RecoveryError,
     RunnerClosed,
     SequenceConflict,
-    UnknownRun,
 )
 from boundloop.journal import lmdb as lmdb_journal
 from boundloop.journal.base import Journal, OwnerRecord, check_run_id
@@ -152,9 +151,8 @@ class Runner:
         return apply(state, event)
 
     def _load(self, run_id: str) -> tuple[RunState, int]:
+        self._journal.info(run_id)  # UnknownRun, said once for every caller
         pairs = list(self._journal.read(run_id))
-        if not pairs:
-            raise UnknownRun(f"no run {run_id!r} in this journal; `boundloop runs` lists them")
         return replay(e for _, e in pairs), pairs[-1][0]
 
     # -- recovery ----------------------------------------------------------------------

@@ -125,3 +125,40 @@ def test_a_hanging_reconcile_cannot_hang_resume(tmp_path: Path) -> None:
         assert time.monotonic() - started < 5
     assert result.status == "needs_review"
     assert [u.call_id for u in result.unresolved] == ["c1"]
+
+
+def test_a_resumed_run_keeps_the_deadline_time_it_had_left(tmp_path: Path) -> None:
+    clock = bl.FakeClock()
+
+    @bl.tool
+    def work() -> str:
+        return "done"
+
+    def slow_first_step(history: list[bl.Message], ctx: bl.ModelContext) -> bl.CallTools:
+        clock.advance(4.0)  # the model works for 4 s of the run's 10
+        return bl.CallTools([bl.ToolCall("c1", "work", {})])
+
+    # Append 3 (c1's outcome with step 2's decision) fails: the run stays open.
+    journal = FaultyJournal(LmdbJournal(tmp_path / "j"), fail_at=3, mode="raise")
+    with bl.Runner(journal, clock=clock) as runner:
+        first = runner.run(model=bl.ScriptedModel([slow_first_step, slow_first_step]),
+                           tools=[work], prompt="p", run_id="r",
+                           budget=bl.Budget(deadline_s=10))
+        assert first.status == "journal_unavailable"
+    journal.close()
+
+    clock.advance(3600)  # an hour passes while nobody drives the run
+    seen: list[bl.ModelContext] = []
+
+    def finish(history: list[bl.Message], ctx: bl.ModelContext) -> bl.Final:
+        seen.append(ctx)
+        return bl.Final("done")
+
+    idempotent_work = bl.Tool("work", work.handler, idempotent=True)
+    with bl.Runner(tmp_path / "j", clock=clock) as runner:
+        runner.recover()
+        result = runner.resume("r", model=finish, tools=[idempotent_work])
+    assert result.status == "final"
+    [ctx] = seen
+    assert ctx.remaining.deadline_s == pytest.approx(6.0)
+    assert ctx.deadline == pytest.approx(clock.monotonic() + 6.0)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Callable, Iterator, Sequence
 
 import msgspec
 
-from boundloop.errors import ConfigError
+from boundloop.errors import ConfigError, UnknownRun
 from boundloop.events import Event
 
 #: Called by the journal's writer once an append is durable (None) or has failed.
@@ -38,11 +39,17 @@ class OwnerRecord(msgspec.Struct, frozen=True):
     lease_until: float
 
 
+def valid_run_id(run_id: object) -> bool:
+    """True when ``run_id`` can name a run (see ``check_run_id``)."""
+    return isinstance(run_id, str) and bool(run_id) and "\x00" not in run_id \
+        and len(run_id.encode()) <= 256
+
+
 def check_run_id(run_id: object) -> str:
     """``run_id`` if it can name a run, else ConfigError saying why."""
     if not isinstance(run_id, str) or not run_id:
         raise ConfigError(f"a run id must be a non-empty string, got {run_id!r}")
-    if "\x00" in run_id or len(run_id.encode()) > 256:
+    if not valid_run_id(run_id):
         raise ConfigError("a run id must have no NUL character and at most 256 bytes")
     return run_id
 
@@ -63,8 +70,6 @@ class Journal(abc.ABC):
             SequenceConflict: the run's last sequence is not ``expected_seq``; nothing stored.
             JournalUnavailable: the journal cannot record anything.
         """
-        import threading
-
         box: list[BaseException | None] = []
         flag = threading.Event()
 
@@ -101,8 +106,6 @@ class Journal(abc.ABC):
         Raises:
             UnknownRun: no run has that id.
         """
-        from boundloop.errors import UnknownRun
-
         found = self.find(run_id)
         if found is None:
             raise UnknownRun(f"no run {run_id!r} in this journal; `boundloop runs` lists them")

@@ -30,7 +30,14 @@ from boundloop.errors import (
     SequenceConflict,
 )
 from boundloop.journal import codec
-from boundloop.journal.base import Done, Journal, OwnerRecord, RunInfo, check_run_id
+from boundloop.journal.base import (
+    Done,
+    Journal,
+    OwnerRecord,
+    RunInfo,
+    check_run_id,
+    valid_run_id,
+)
 
 _SEP = b"\x00"
 _info_enc = msgspec.msgpack.Encoder()
@@ -394,7 +401,7 @@ class LmdbJournal(Journal):
 
     def find(self, run_id: str) -> RunInfo | None:
         self._usable()
-        if not isinstance(run_id, str) or not run_id or "\x00" in run_id:
+        if not valid_run_id(run_id):
             return None
         with self._txn(self._runs) as txn:
             raw = txn.get(run_id.encode())
