@@ -2,24 +2,43 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
-import time
+from collections.abc import Callable
+
+_keys = itertools.count()
 
 
 class CancelToken:
     """A flag that asks a run to stop; safe to set from any thread (or from a callback)."""
 
-    __slots__ = ("_event", "reason")
+    __slots__ = ("_event", "reason", "_lock", "_callbacks", "_children")
 
     def __init__(self) -> None:
         self._event = threading.Event()
         self.reason = ""
+        self._lock = threading.Lock()
+        self._callbacks: dict[int, Callable[[], None]] = {}
+        self._children: dict[int, CancelToken] = {}
 
     def cancel(self, reason: str = "") -> None:
         """Ask the run to stop at its next check (SPEC 5)."""
-        if not self._event.is_set():
+        with self._lock:
+            if self._event.is_set():
+                return
             self.reason = reason
-        self._event.set()
+            self._event.set()
+            callbacks = list(self._callbacks.values())
+            children = list(self._children.values())
+            self._callbacks.clear()
+            self._children.clear()
+        for child in children:
+            child.cancel(reason)
+        for fn in callbacks:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one watcher must not stop the others
+                pass
 
     @property
     def cancelled(self) -> bool:
@@ -30,31 +49,38 @@ class CancelToken:
         """Block until cancelled or ``timeout`` passes; True when cancelled."""
         return self._event.wait(timeout)
 
+    def on_cancel(self, fn: Callable[[], None]) -> Callable[[], None]:
+        """Call ``fn`` once, when the token is cancelled (at once if it already is); returns
+        a function that stops watching."""
+        with self._lock:
+            if not self._event.is_set():
+                key = next(_keys)
+                self._callbacks[key] = fn
+                return lambda: self._forget(key)
+        fn()
+        return _nothing
+
+    def _forget(self, key: int) -> None:
+        with self._lock:
+            self._callbacks.pop(key, None)
+
     def child(self, *others: CancelToken) -> CancelToken:
         """A token cancelled when this one (or any of ``others``) is, or on its own."""
-        return _ChildToken((self, *others))
+        token = CancelToken()
+        for parent in (self, *others):
+            parent._adopt(token)
+        return token
+
+    def _adopt(self, token: CancelToken) -> None:
+        with self._lock:
+            if not self._event.is_set():
+                self._children[id(token)] = token
+                return
+        token.cancel(self.reason)
 
     def __repr__(self) -> str:
         return f"CancelToken(cancelled={self.cancelled})"
 
 
-class _ChildToken(CancelToken):
-    __slots__ = ("_parents",)
-
-    def __init__(self, parents: tuple[CancelToken, ...]) -> None:
-        super().__init__()
-        self._parents = parents
-
-    @property
-    def cancelled(self) -> bool:
-        return self._event.is_set() or any(p.cancelled for p in self._parents)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        # Poll the parent too: a child's wait must end when either is cancelled.
-        end = None if timeout is None else time.monotonic() + timeout
-        while not self.cancelled:
-            left = 0.05 if end is None else min(0.05, end - time.monotonic())
-            if left <= 0:
-                return False
-            self._event.wait(left)
-        return True
+def _nothing() -> None:
+    return None

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 
 class Clock:
     """The system clock: ``monotonic()`` for deadlines, ``time()`` for timestamps."""
+
+    #: True when time passes by itself (a timer may sleep until what it waits for is due).
+    real = True
+
+    def on_advance(self, fn: Callable[[], None]) -> None:
+        """Have ``fn`` called whenever the clock jumps forward (never, for the real one)."""
 
     def monotonic(self) -> float:
         """Seconds on a clock that never goes back."""
@@ -19,12 +26,20 @@ class Clock:
 
 
 class FakeClock(Clock):
-    """A clock that moves only when told to: ``advance(seconds)``. Thread-safe."""
+    """A clock that moves only when told to: ``advance(seconds)``. Thread-safe. The
+    runner's timers (tool timeouts, deadlines, retry delays) run on it too."""
+
+    real = False
 
     def __init__(self, start: float = 1_000.0, wall: float = 1_700_000_000.0) -> None:
         self._now = start
         self._wall_offset = wall - start
         self._lock = threading.Lock()
+        self._watchers: list[Callable[[], None]] = []
+
+    def on_advance(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._watchers.append(fn)
 
     def monotonic(self) -> float:
         with self._lock:
@@ -38,3 +53,6 @@ class FakeClock(Clock):
         """Move the clock forward by ``seconds``."""
         with self._lock:
             self._now += seconds
+            watchers = list(self._watchers)
+        for fn in watchers:
+            fn()

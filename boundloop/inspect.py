@@ -847,7 +847,8 @@ class _Checker:
             permit=self.permit, estimator=self.estimate,
             parent_run_id=self.admitted.parent_run_id, parent_step=self.admitted.parent_step,
             parent_execution_id=self.admitted.parent_execution_id)
-        gen = loop.drive(spec)
+        driver = loop.Driver(spec)
+        gen = driver.run()
         self.sync()
         reply: Any = None
         try:
@@ -862,6 +863,15 @@ class _Checker:
                     reply = self.model_reply(effect.ctx)
                 elif isinstance(effect, loop.Dispatch):
                     reply = [self.outcome(p.execution_id) for p in effect.calls]
+                    for p, out in zip(effect.calls, reply, strict=True):
+                        # As the executor does: an attempt that did not ride its round's
+                        # commit has its dispatch recorded before it starts.
+                        done = p.first_attempt if p.recorded else p.first_attempt - 1
+                        for i, att in enumerate(out.attempts):
+                            if att.attempt > done:
+                                driver.attempt_events(p.execution_id, att.attempt,
+                                                      out.attempts[:i])
+                                done = att.attempt
                 elif isinstance(effect, loop.CallUser):
                     # The check's own estimator and permit stand-ins: call them in place.
                     try:

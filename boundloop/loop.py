@@ -9,6 +9,7 @@ come from ``policy.decide`` and every event is folded into the live state with
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 from collections.abc import Callable, Generator
@@ -44,6 +45,7 @@ from boundloop.policy.budget import (
 )
 from boundloop.policy.redact import journal_safe, redact
 from boundloop.policy.replay import RunState, apply
+from boundloop.policy.safe_text import describe_exception
 from boundloop.results import RunResult, UnresolvedAction
 from boundloop.tools import ArgumentError, Tool
 
@@ -69,11 +71,14 @@ class InvokeModel(msgspec.Struct):
 
 
 class ModelReply(msgspec.Struct):
-    """What the model returned (or raised), and how long it took."""
+    """What the model returned (or raised), and how long it took; ``abandoned`` says why
+    the runner stopped waiting for it (``deadline``: it ran on past the deadline's grace;
+    ``cancelled``: the run was cancelled before it got a thread)."""
 
     response: Any = None
     error: BaseException | None = None
     latency_s: float = 0.0
+    abandoned: decide.SkipReason | None = None
 
 
 class Planned(msgspec.Struct):
@@ -86,6 +91,8 @@ class Planned(msgspec.Struct):
     tool: Tool
     kwargs: dict[str, Any]
     first_attempt: int = 1
+    #: True when the first attempt's CallDispatched rides the decision commit.
+    recorded: bool = False
 
 
 class ParentLink(msgspec.Struct):
@@ -99,21 +106,6 @@ class ParentLink(msgspec.Struct):
     deadline: float | None
     cancel: CancelToken
     children: threading.Event
-
-
-class Dispatch(msgspec.Struct):
-    """Run these calls (at most ``max_parallel`` at once); the reply is a list of Outcome."""
-
-    calls: list[Planned]
-    max_parallel: int | None
-    deadline: float | None
-    cancel: CancelToken
-    retry_allowance: int
-    clock: Clock
-    run_child: Callable[..., Any] | None = None
-    parent: ParentLink | None = None
-    #: Set by whoever performs the effect: False once the journal can record nothing more.
-    recordable: Callable[[], bool] | None = None
 
 
 class Attempt(msgspec.Struct):
@@ -130,6 +122,27 @@ class Attempt(msgspec.Struct):
     reconciled_value: Any = None
 
 
+class Dispatch(msgspec.Struct):
+    """Run these calls (at most ``max_parallel`` at once); the reply is a list of Outcome."""
+
+    calls: list[Planned]
+    max_parallel: int | None
+    deadline: float | None
+    cancel: CancelToken
+    retry_allowance: int
+    clock: Clock
+    run_child: Callable[..., Any] | None = None
+    parent: ParentLink | None = None
+    #: Set by whoever performs the effect: False once the journal can record nothing more.
+    recordable: Callable[[], bool] | None = None
+    #: Set by whoever performs the effect: ``record(execution_id, attempt, done)`` makes
+    #: the attempt's CallDispatched durable, then calls ``done(None)`` (or the error).
+    record: Callable[[str, int, list[Attempt], Callable[[BaseException | None], None]],
+                     None] | None = None
+    #: The event loop for async handlers (the caller's, for a run started with ``arun``).
+    loop: asyncio.AbstractEventLoop | None = None
+
+
 class Outcome(msgspec.Struct):
     """What became of one planned call; ``skipped`` names why it never ran."""
 
@@ -143,6 +156,7 @@ class Reconcile(msgspec.Struct):
     ``(took_effect, result)`` with ``took_effect`` None when it cannot tell."""
 
     planned: Planned
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 class Ledger(msgspec.Struct):
@@ -159,10 +173,13 @@ class Ledger(msgspec.Struct):
 
 class CallUser(msgspec.Struct):
     """Call user code (an estimator, the permit check) off the supervisor's thread; the
-    reply is a ModelReply holding its value or the exception it raised."""
+    reply is a ModelReply holding its value or the exception it raised. Like a model call,
+    it is abandoned past the run's deadline (plus grace)."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...]
+    deadline: float | None = None
+    cancel: CancelToken | None = None
 
 
 class EstimatorFailed(Exception):
@@ -224,11 +241,20 @@ def needs_review(actions: list[str]) -> decide.Stop:
     return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(actions) + ".")
 
 
+def needs_review_internal(detail: str) -> decide.Stop:
+    """The stop for a run that boundloop itself failed to drive."""
+    return decide.Stop("needs_review", detail=detail)
+
+
 NOTICE = ("Your last response was malformed ({reason}). Answer with a final response or a "
           "list of tool calls.")
 
 
-class _Driver:
+class Driver:
+    """One run's orchestration: ``run()`` is the generator of effects; the supervisor may
+    also ask it for the events of an attempt that starts mid-batch (``attempt_events``)
+    and for an orderly end when driving it failed (``fail``)."""
+
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
         self.budget = spec.budget
@@ -249,19 +275,34 @@ class _Driver:
         self.charged: tuple[int, Usage] = (0, Usage())
         self.snapshot: tuple[int, Usage] = (0, Usage())
         self.current = self.budget
-        self.pre_dispatched: set[str] = set()
         self.sized = (0, 2)  # messages measured, compact JSON bytes of the list "[...]"
+        # Per call: attempts whose outcome is recorded, and calls an attempt of which may
+        # have taken effect (a timeout not reconciled as "did not").
+        self.attempts_recorded: dict[str, int] = {}
+        self.unknown: set[str] = set()
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
         return self.elapsed_before + (self.clock.monotonic() - self.started)
 
     def emit(self, make: Callable[..., ev.Event], **fields: Any) -> ev.Event:
-        event = make(run_id=self.spec.run_id, ts=self.clock.time(), elapsed_s=self.elapsed(),
-                     **fields)
+        event = self._for_journal(make(run_id=self.spec.run_id, ts=self.clock.time(),
+                                       elapsed_s=self.elapsed(), **fields))
+        # The live state is folded from exactly the events the journal stores.
         apply(self.state, event)
-        self.pending.append(self._for_journal(event))
+        self.pending.append(event)
         return event
+
+    def attempt_event(self, execution_id: str, attempt: int) -> ev.Event:
+        """The CallDispatched of an attempt that starts after its round's commit (a retry,
+        a call queued behind max_parallel); folded by ``fold`` once it is durable."""
+        return ev.CallDispatched(run_id=self.spec.run_id, ts=self.clock.time(),
+                                 elapsed_s=self.elapsed(), execution_id=execution_id,
+                                 attempt=attempt)
+
+    def fold(self, event: ev.Event) -> None:
+        """Fold an event the supervisor made durable on the run's behalf."""
+        apply(self.state, event)
 
     def _redact(self, tool_name: str, value: Any) -> tuple[Any, bool]:
         tool = self.spec.tools.get(tool_name)
@@ -466,6 +507,14 @@ class _Driver:
                                     f"record it ({exc}).")
         return self.result()
 
+    def fail(self, exc: BaseException) -> Generator[Effect, Any, RunResult]:
+        """End the run in order after driving it failed inside boundloop (a bug): the run
+        gets a status and a RunFinished, and a person is asked to look."""
+        self.pending = []
+        detail = journal_safe(f"boundloop failed while driving the run "
+                              f"({describe_exception(exc)}); a person should review it.")
+        return (yield from self.finish(needs_review_internal(detail)))
+
     def deadline_passed(self) -> bool:
         return self.deadline is not None and self.clock.monotonic() >= self.deadline
 
@@ -478,7 +527,7 @@ class _Driver:
                                         getattr(spec.model, "max_output_tokens", None))
             return priced(usage, spec.price)
         reply = yield CallUser(spec.estimator, (copy_history(self.state.transcript),
-                                                spec.model))
+                                                spec.model), self.deadline, spec.cancel)
         estimate = reply.response
         if isinstance(estimate, int) and not isinstance(estimate, bool):
             estimate = Usage(input_tokens=estimate)
@@ -525,8 +574,21 @@ class _Driver:
                                 st.usage - reservation, self.elapsed()),
             deadline=self.deadline, cancel=spec.cancel)
         reply = yield InvokeModel(spec.model, copy_history(st.transcript), ctx)
+        if reply.abandoned == "deadline":
+            # SPEC 5: the deadline is a wall; the step counts and its reservation stands.
+            self.emit(ev.ModelStepFailed, step=step, reason="deadline",
+                      detail="the model ran on past the deadline and was abandoned",
+                      latency_s=reply.latency_s)
+            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
+            return decide.Stop("limit_exceeded", "deadline",
+                               "The model call still in flight was abandoned.")
+        if reply.abandoned == "cancelled":
+            self.emit(ev.ModelStepFailed, step=step, reason="cancelled",
+                      detail="the model call never started", latency_s=reply.latency_s)
+            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
+            return decide.Stop("cancelled", detail="The model call was not started.")
         if reply.error is not None:
-            detail = journal_safe(f"{type(reply.error).__name__}: {reply.error}")
+            detail = journal_safe(describe_exception(reply.error))
             self.emit(ev.ModelStepFailed, step=step, reason="error", detail=detail,
                       latency_s=reply.latency_s)
             self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
@@ -584,8 +646,13 @@ class _Driver:
                      if c.name in spec.tools
                      and (spec.read_only is False or spec.tools[c.name].read_only)]
             answers = yield CallUser(_permits, (spec.permit, [(c, t) for _, c, t in asked],
-                                                ctx))
-            for (i, _, _), verdict in zip(asked, answers.response, strict=True):
+                                                ctx), self.deadline, spec.cancel)
+            got = answers.response
+            if not isinstance(got, list) or len(got) != len(asked):
+                # The permit check never answered (abandoned): deny, fail closed.
+                got = [answers.error or TimeoutError("the permission check did not answer")
+                       ] * len(asked)
+            for (i, _, _), verdict in zip(asked, got, strict=True):
                 verdicts[i] = verdict
         out = []
         for call, verdict in zip(calls, verdicts, strict=True):
@@ -630,10 +697,10 @@ class _Driver:
         # The dispatch of the calls that start at once is recorded in the same commit as the
         # decisions, right before they go to the executor: a crash from here on shows phase
         # ``dispatched``. Calls queued behind max_parallel are recorded when they ran.
-        at_once = [p.execution_id for p in planned[:self.budget.max_parallel or len(planned)]]
-        self.pre_dispatched = set(at_once)
-        for eid in at_once:
-            self.emit(ev.CallDispatched, execution_id=eid, attempt=1)
+        # Later attempts get their own durable CallDispatched from the executor (SPEC 6).
+        for p in planned[:self.budget.max_parallel or len(planned)]:
+            p.recorded = True
+            self.emit(ev.CallDispatched, execution_id=p.execution_id, attempt=1)
         try:
             yield from self.commit()
         except JournalError as exc:
@@ -691,15 +758,29 @@ class _Driver:
             self.emit(ev.CallReconciled, execution_id=eid, attempt=attempt, took_effect=False)
 
     def record(self, outcome: Outcome) -> None:
+        """Record what became of a call, from the attempts not recorded yet."""
         eid = outcome.execution_id
         if outcome.skipped:
             self.emit(ev.CallSkipped, execution_id=eid, reason=outcome.skipped)
             return
-        unknown = False  # an earlier attempt may have taken effect
-        for i, att in enumerate(outcome.attempts):
-            last = i == len(outcome.attempts) - 1
-            if att.attempt > 1 or eid not in self.pre_dispatched:
-                self.emit(ev.CallDispatched, execution_id=eid, attempt=att.attempt)
+        self.record_attempts(eid, outcome.attempts, final=True)
+
+    def attempt_events(self, execution_id: str, attempt: int,
+                       before: list[Attempt]) -> list[ev.Event]:
+        """The events that must be durable before ``attempt`` starts: the outcomes of the
+        attempts ``before`` it (not yet recorded) and its own CallDispatched (SPEC 6)."""
+        self.record_attempts(execution_id, before, final=False)
+        self.emit(ev.CallDispatched, execution_id=execution_id, attempt=attempt)
+        batch, self.pending = self.pending, []
+        return batch
+
+    def record_attempts(self, eid: str, attempts: list[Attempt], final: bool) -> None:
+        # Every attempt's CallDispatched is already durable and folded (SPEC 6).
+        done = self.attempts_recorded.get(eid, 0)
+        unknown = eid in self.unknown  # an earlier attempt may have taken effect
+        for i in range(done, len(attempts)):
+            att = attempts[i]
+            last = final and i == len(attempts) - 1
             if att.kind == "ok":
                 self.emit(ev.CallSucceeded, execution_id=eid, attempt=att.attempt,
                           latency_s=att.latency_s, **self.result_fields(att.value))
@@ -723,8 +804,11 @@ class _Driver:
                               content=att.error or "the call timed out; whether it took "
                               "effect is not known")
                 unknown = unknown or att.reconciled is not False
+        self.attempts_recorded[eid] = len(attempts)
+        if unknown:
+            self.unknown.add(eid)
 
 
 def drive(spec: RunSpec) -> Generator[Effect, Any, RunResult]:
     """The run as a generator: yields effects, is sent their results, returns the result."""
-    return _Driver(spec).run()
+    return Driver(spec).run()

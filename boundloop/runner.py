@@ -21,7 +21,7 @@ from boundloop.actors.budget import BudgetActor, Close, Left, Open
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
 from boundloop.actors.supervisor import SupervisorActor
-from boundloop.actors.workers import Workers
+from boundloop.actors.workers import MAX_THREADS, Workers, waiting
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.errors import (
@@ -43,6 +43,24 @@ from boundloop.policy.redact import storable
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
 from boundloop.tools import Tool
+
+
+def _settle(future: Future[RunResult], result: RunResult) -> None:
+    try:
+        if not future.done():
+            future.set_result(result)
+    except InvalidStateError:
+        pass  # the caller cancelled it meanwhile
+
+
+def _settle_closed(future: Future[RunResult]) -> None:
+    try:
+        if not future.done():
+            future.set_exception(RunnerClosed(
+                "the runner closed before the run ended; it stays open in the journal: "
+                "recover() and resume() it from another runner"))
+    except InvalidStateError:
+        pass
 
 
 def _tools(tools: Iterable[Any] | Tool | None) -> dict[str, Tool]:
@@ -84,18 +102,26 @@ class Runner:
         sync: fsync every journal commit (ignored when a Journal is given).
         clock: the clock (a FakeClock in tests of time).
         lease_s: how long this runner's ownership of its runs lasts without renewal.
+        max_threads: the most threads each pool (models, tools) may grow to while
+            compensating for handlers that wait in ``run_child`` or are stuck past their
+            timeout (SPEC 5 and 8).
     """
 
     def __init__(self, journal: str | os.PathLike[str] | Journal = ".boundloop", *,
                  read_only: bool = False, max_in_flight: int = 1000, supervisors: int = 2,
                  model_threads: int = 32, tool_threads: int = 32,
                  estimator: Estimator | None = None, price: Price | None = None,
-                 sync: bool = True, clock: Clock | None = None, lease_s: float = 30.0) -> None:
+                 sync: bool = True, clock: Clock | None = None, lease_s: float = 30.0,
+                 max_threads: int = MAX_THREADS) -> None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
                 or max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
         if supervisors < 1:
             raise ConfigError("supervisors must be at least 1")
+        for name, value in (("model_threads", model_threads), ("tool_threads", tool_threads),
+                            ("max_threads", max_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
         self._owns_journal = not isinstance(journal, Journal)
         self._journal: Journal = journal if isinstance(journal, Journal) else \
             lmdb_journal.acquire(journal, sync=sync)
@@ -107,13 +133,14 @@ class Runner:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tokens: dict[str, CancelToken] = {}
         self._futures: dict[str, Future[RunResult]] = {}
+        self._pending: set[Future[RunResult]] = set()  # futures being admitted
         self._lock = threading.Lock()
         self._closed = False
         self._register()
         self._stop_renewing = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="boundloop-lease", daemon=True)
         self._renewer.start()
-        self._workers = Workers(model_threads, tool_threads)
+        self._workers = Workers(model_threads, tool_threads, self.clock, max_threads)
         self._executor = ExecutorActor.start(self._workers)
         self._budget = BudgetActor.start()
         self._admission = AdmissionActor.start(self._journal, max_in_flight)
@@ -329,20 +356,39 @@ class Runner:
 
     def _start(self, spec: RunSpec, seq: int, resuming: bool = False) -> Future[RunResult]:
         future: Future[RunResult] = Future()
-        try:
-            reason = self._admission.ask(Admit(spec.run_id, resuming), block=True)
-        except JournalError as exc:
-            future.set_result(self._refused(spec, "journal_unavailable",
-                                            f"It could not check the run's id ({exc})."))
-            return future
-        if reason is not None:
-            future.set_result(self._refused(spec, "rejected", reason))
-            return future
         with self._lock:
-            self._tokens[spec.run_id] = spec.cancel
-            self._futures[spec.run_id] = future
-        shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
-        self._supervisors[shard].tell(StartRun(spec, future, seq))
+            # Under the lock that close() takes: a run is either refused here or known to
+            # close(), which then settles its Future whatever happens below.
+            if self._closed:
+                raise RunnerClosed("this Runner is closed; create a new one")
+            self._pending.add(future)
+        try:
+            try:
+                reason = self._admission.ask(Admit(spec.run_id, resuming), block=True)
+            except JournalError as exc:
+                _settle(future, self._refused(spec, "journal_unavailable",
+                                              f"It could not check the run's id ({exc})."))
+                return future
+            if reason is not None:
+                _settle(future, self._refused(spec, "rejected", reason))
+                return future
+            with self._lock:
+                self._tokens[spec.run_id] = spec.cancel
+                self._futures[spec.run_id] = future
+                if self._closed:
+                    spec.cancel.cancel("the runner is closing")
+            # Cancelling the Future cancels the run (SPEC 1); it still ends in the journal.
+            token = spec.cancel
+            future.add_done_callback(
+                lambda f: token.cancel("the caller cancelled the run's Future")
+                if f.cancelled() else None)
+            shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
+            self._supervisors[shard].tell(StartRun(spec, future, seq))
+        except pykka.ActorDeadError:
+            _settle_closed(future)
+        finally:
+            with self._lock:
+                self._pending.discard(future)
         return future
 
     def _run_child(self, link: ParentLink, execution_id: str, model: Any,
@@ -372,7 +418,10 @@ class Runner:
         self._budget.tell(Open(spec.run_id, link.run_id, carved))
         link.children.set()
         try:
-            return self._start(spec, 0).result()
+            # A sync handler waiting here holds a pool thread: the pool adds one meanwhile,
+            # so the child (and any number of waiting parents) can always proceed (SPEC 8).
+            with waiting():
+                return self._start(spec, 0).result()
         finally:
             self._budget.tell(Close(spec.run_id))  # a refused child never settled
 
@@ -404,13 +453,13 @@ class Runner:
     def close(self, timeout: float = 10.0) -> None:
         """Cancel runs in flight, wait up to ``timeout`` for them, stop the actors and
         close the journal (when the runner opened it)."""
-        if self._closed:
-            return
-        self._closed = True
-        self._stop_renewing.set()
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             tokens = list(self._tokens.values())
-            futures = list(self._futures.values())
+            futures = [*self._futures.values(), *self._pending]
+        self._stop_renewing.set()
         for token in tokens:
             token.cancel("the runner is closing")
         deadline = time.monotonic() + timeout
@@ -426,15 +475,11 @@ class Runner:
                 ref.stop(timeout=5)
             except pykka.ActorDeadError:
                 pass
+        with self._lock:
+            futures.extend(self._pending)
         for f in futures:
             # Runs still in flight stay open in the journal, for recover() to take over.
-            if not f.done():
-                try:
-                    f.set_exception(RunnerClosed(
-                        "the runner closed before the run ended; it stays open in the "
-                        "journal: recover() and resume() it from another runner"))
-                except InvalidStateError:
-                    pass
+            _settle_closed(f)
         self._workers.close()
         self._renewer.join()
         try:

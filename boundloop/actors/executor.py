@@ -1,8 +1,10 @@
 """The tool executor: runs handlers with timeouts, ``max_parallel``, retries and reconcile.
 
-It is a message-driven state machine: handlers run on the workers' pools (or event loop),
-their completions, timeouts and retry delays come back as messages, and the actor's own
-thread never waits on a handler.
+It is a message-driven state machine: handlers run on the workers' pools (or an event
+loop), their completions, timeouts, retry delays, the run's deadline and its cancellation
+come back as messages, and the actor's own thread never waits on a handler. What may start
+and what is retried is asked of ``policy.decide``; the executor reports raw facts (an
+attempt ran and returned, raised, timed out, or never started) and decides nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import pykka
@@ -21,7 +23,11 @@ import pykka
 from boundloop.actors.messages import DispatchBatch
 from boundloop.actors.workers import NotStarted, Workers, tell
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
+from boundloop.policy import decide
+from boundloop.policy.safe_text import describe_exception
 from boundloop.tools import ToolContext
+
+Stage = Literal["queued", "recording", "launched", "running", "delay", "reconciling", "done"]
 
 
 class _Done(msgspec.Struct):
@@ -42,6 +48,21 @@ class _TimedOut(msgspec.Struct):
 class _Retry(msgspec.Struct):
     batch: int
     index: int
+    generation: int
+
+
+class _Recorded(msgspec.Struct):
+    batch: int
+    index: int
+    generation: int
+    error: BaseException | None = None
+
+
+class _Halt(msgspec.Struct):
+    """The run's deadline passed or it was cancelled: calls not yet started never will."""
+
+    batch: int
+    why: decide.SkipReason
 
 
 class _Reconciled(msgspec.Struct):
@@ -56,7 +77,13 @@ class _Call(msgspec.Struct):
     planned: Planned
     outcome: Outcome
     attempt: int
+    stage: Stage = "queued"
     generation: int = 0
+    recorded: int = 0  # the highest attempt whose CallDispatched is durable
+    future: Future[Any] | None = None
+    halted: bool = False
+    # Taken by the pool thread right before the handler starts, and by a halt.
+    gate: threading.Lock = msgspec.field(default_factory=threading.Lock)
     # Set on the pool thread when the handler really starts (read after its messages).
     started: list[float] = msgspec.field(default_factory=lambda: [0.0])
 
@@ -69,6 +96,7 @@ class _Batch(msgspec.Struct):
     allowance: int
     running: int = 0
     finished: int = 0
+    unwatch: Callable[[], None] | None = None
 
 
 def reconcile_result(value: Any, error: BaseException | None) -> tuple[bool | None, Any]:
@@ -103,131 +131,174 @@ class ExecutorActor(pykka.ThreadingActor):
 
     def on_receive(self, message: Any) -> Any:
         match message:
-            case DispatchBatch(dispatch=Reconcile(planned=p), reply=reply):
-                if p.tool.reconcile is None:
-                    reply((None, None), None)
-                    return None
-                future = self.workers.submit(self.workers.tool_pool, p.tool.reconcile,
-                                             p.idempotency_key)
-                answered = threading.Lock()
-
-                def answer(took: tuple[bool | None, Any]) -> None:
-                    if answered.acquire(blocking=False):  # the first answer wins
-                        reply(took, None)
-
-                future.add_done_callback(lambda f: answer(reconcile_result(
-                    None if f.exception() else f.result(), f.exception())))
-                # A reconcile that hangs cannot tell: after the tool's timeout it is unknown.
-                self.workers.timer.after(p.tool.timeout_s or 60.0, lambda: answer((None, None)))
+            case DispatchBatch(dispatch=Reconcile() as r, reply=reply):
+                try:
+                    self._reconcile(r, reply)
+                except Exception as exc:  # noqa: BLE001 - fail this request, keep the actor
+                    reply(None, exc)
             case DispatchBatch(dispatch=Dispatch() as d, reply=reply):
                 try:
                     self._start_batch(d, reply)
                 except Exception as exc:  # noqa: BLE001 - fail this batch, keep the actor
-                    self.batches = {k: b for k, b in self.batches.items() if b.reply is not reply}
+                    for key in [k for k, b in self.batches.items() if b.reply is reply]:
+                        self._forget(key)
                     reply(None, exc)
-            case _Done() | _TimedOut() | _Reconciled() | _Retry():
+            case _Done() | _TimedOut() | _Reconciled() | _Retry() | _Recorded() | _Halt():
                 batch = self.batches.get(message.batch)
                 if batch is not None:
                     try:
                         self._on_event(batch, message)
                     except Exception as exc:  # noqa: BLE001 - fail this batch, keep the actor
-                        self.batches.pop(message.batch, None)
+                        self._forget(message.batch)
                         batch.reply(None, exc)
         return None
+
+    def _reconcile(self, r: Reconcile, reply: Callable[[Any, BaseException | None],
+                                                       None]) -> None:
+        p = r.planned
+        if p.tool.reconcile is None:
+            reply((None, None), None)
+            return
+        future = self.workers.start(self.workers.tool_pool, p.tool.reconcile,
+                                    (p.idempotency_key,), {}, loop=r.loop)
+        answered = threading.Lock()
+        workers = self.workers
+
+        def answer(took: tuple[bool | None, Any], late: bool = False) -> None:
+            if answered.acquire(blocking=False):  # the first answer wins
+                if late:
+                    workers.compensate(future)
+                reply(took, None)
+
+        future.add_done_callback(lambda f: answer(reconcile_result(
+            None if f.exception() else f.result(), f.exception())))
+        # A reconcile that hangs cannot tell: after the tool's timeout it is unknown.
+        self.workers.timer.after(p.tool.timeout_s or 60.0,
+                                 lambda: answer((None, None), late=True))
 
     # -- batches -----------------------------------------------------------------------
     def _start_batch(self, d: Dispatch,
                      reply: Callable[[Any, BaseException | None], None]) -> None:
         bid = next(self._ids)
-        calls = [_Call(p, Outcome(p.execution_id), p.first_attempt) for p in d.calls]
+        calls = [_Call(p, Outcome(p.execution_id), p.first_attempt,
+                       recorded=p.first_attempt if p.recorded else p.first_attempt - 1)
+                 for p in d.calls]
         batch = _Batch(d, reply, calls, deque(range(len(calls))), d.retry_allowance)
         self.batches[bid] = batch
         if not calls:
             self._reply(bid, batch)
             return
-        self._fill(bid, batch)
+        me = self.actor_ref
+        # Deadlines and cancellation are timers of their own: a call waiting for a free
+        # thread is skipped at once, not when a thread finally picks it up.
+        batch.unwatch = d.cancel.on_cancel(lambda: tell(me, _Halt(bid, "cancelled")))
+        if d.deadline is not None:
+            self.workers.timer.at(d.deadline, lambda: tell(me, _Halt(bid, "deadline")))
+        if bid in self.batches:
+            self._fill(bid, batch)
+
+    def _gate(self, d: Dispatch) -> decide.SkipReason | None:
+        return decide.dispatch_gate(
+            recordable=d.recordable is None or d.recordable(), cancelled=d.cancel.cancelled,
+            deadline_passed=d.deadline is not None and d.clock.monotonic() >= d.deadline)
 
     def _fill(self, bid: int, batch: _Batch) -> None:
         limit = batch.dispatch.max_parallel or len(batch.calls)
-        while batch.waiting and batch.running < limit:
+        while batch.waiting and batch.running < limit and bid in self.batches:
             index = batch.waiting.popleft()
             batch.running += 1
-            self._attempt(bid, batch, index)
+            self._begin(bid, batch, index)
 
-    def _why_not(self, d: Dispatch) -> str | None:
-        if d.recordable is not None and not d.recordable():
-            return "journal"  # fail closed: what cannot be recorded is not done
-        if d.cancel.cancelled:
-            return "cancelled"
-        if d.deadline is not None and d.clock.monotonic() >= d.deadline:
-            return "deadline"
-        return None
-
-    def _attempt(self, bid: int, batch: _Batch, index: int) -> None:
+    def _begin(self, bid: int, batch: _Batch, index: int) -> None:
+        """Start the call's current attempt once its dispatch is durable (SPEC 6)."""
         d, call = batch.dispatch, batch.calls[index]
-        why = self._why_not(d)
+        why = self._gate(d)
         if why is not None:
-            if not call.outcome.attempts:
-                call.outcome.skipped = why
-            self._call_done(bid, batch)
+            self._unstarted(bid, batch, index, why)
             return
+        if call.recorded >= call.attempt or d.record is None:
+            self._launch(bid, batch, index)
+            return
+        call.stage = "recording"
+        call.generation += 1
+        gen, me = call.generation, self.actor_ref
+        d.record(call.planned.execution_id, call.attempt, list(call.outcome.attempts),
+                 lambda err: tell(me, _Recorded(bid, index, gen, err)))
+
+    def _launch(self, bid: int, batch: _Batch, index: int) -> None:
+        d, call = batch.dispatch, batch.calls[index]
         tool, p = call.planned.tool, call.planned
         child = None if d.run_child is None or d.parent is None else \
             _bind(d.run_child, d.parent, p.execution_id)
         ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, call.attempt,
                           d.deadline, d.cancel, child)
         call.generation += 1
+        call.stage = "launched"
+        call.started[0] = 0.0
         gen, me, timer, started = call.generation, self.actor_ref, self.workers.timer, call.started
+        gate = self._gate
 
         def on_start() -> bool:
-            # On the pool thread, right before the handler: a call that waited for a free
-            # thread past the deadline or a cancellation does not run, and its timeout
-            # counts from here, never from the wait.
-            if self._why_not(d) is not None:
-                return False
-            timeout = tool.timeout_s
-            if d.deadline is not None:
-                left = max(d.deadline - d.clock.monotonic(), 0.001)
-                timeout = left if timeout is None else min(timeout, left)
-            started[0] = time.perf_counter()
+            # On the pool thread (or the event loop), right before the handler: a call that
+            # waited for a free thread past the deadline or a cancellation does not run,
+            # and its timeout counts from here, never from the wait.
+            with call.gate:
+                if call.halted or gate(d) is not None:
+                    return False
+                started[0] = time.perf_counter()
+            timeout = decide.attempt_timeout(tool.timeout_s, d.deadline, d.clock.monotonic())
             if timeout is not None:
                 timer.after(timeout, lambda: tell(me, _TimedOut(bid, index, gen, timeout)))
             return True
 
-        future = self.workers.start(self.workers.tool_pool, tool.handler,
-                                    tool.bind(p.kwargs, ctx), on_start)
+        future = self.workers.start(self.workers.tool_pool, tool.handler, (),
+                                    tool.bind(p.kwargs, ctx), on_start, loop=d.loop)
+        call.future = future
         self._tell_when_done(future, lambda v, e: _Done(bid, index, gen, v, e))
 
-    def _on_event(self, batch: _Batch, m: _Done | _TimedOut | _Reconciled | _Retry) -> None:
+    def _on_event(self, batch: _Batch,
+                  m: _Done | _TimedOut | _Reconciled | _Retry | _Recorded | _Halt) -> None:
         bid = m.batch
-        call = batch.calls[m.index]
-        if isinstance(m, _Retry):
-            self._attempt(bid, batch, m.index)
+        if isinstance(m, _Halt):
+            self._halt(bid, batch, m.why)
             return
+        call = batch.calls[m.index]
         if m.generation != call.generation:
             return  # a completion after its timeout, or a timer after its completion
+        match m:
+            case _Retry():
+                self._begin(bid, batch, m.index)
+                return
+            case _Recorded(error=None):
+                call.recorded = call.attempt
+                self._launch(bid, batch, m.index)
+                return
+            case _Recorded():
+                self._unstarted(bid, batch, m.index, "journal")
+                return
         latency = time.perf_counter() - call.started[0]
         policy, tool = call.planned.tool.retry, call.planned.tool
         match m:
             case _Done(error=NotStarted()):
-                call.generation += 1
-                if not call.outcome.attempts:
-                    call.outcome.skipped = self._why_not(batch.dispatch) or "cancelled"
-                self._call_done(bid, batch)
+                self._unstarted(bid, batch, m.index, self._gate(batch.dispatch) or "cancelled")
             case _Done(error=None):
                 call.generation += 1
                 call.outcome.attempts.append(Attempt(call.attempt, "ok", m.value,
                                                      latency_s=latency))
-                self._call_done(bid, batch)
+                self._call_done(bid, batch, m.index)
             case _Done(error=exc) if exc is not None:
                 call.generation += 1
                 call.outcome.attempts.append(Attempt(
-                    call.attempt, "error", error=f"{type(exc).__name__}: {exc}",
+                    call.attempt, "error", error=describe_exception(exc),
                     category=type(exc).__name__, latency_s=latency))
                 self._retry_or_done(bid, batch, m.index,
                                     policy is not None and isinstance(exc, policy.retry_on))
             case _TimedOut():
                 call.generation += 1
+                if call.future is not None:
+                    # The handler may never return: its thread is replaced, so it cannot
+                    # keep other runs' calls from starting.
+                    self.workers.compensate(call.future)
                 timeout = m.timeout
                 call.outcome.attempts.append(Attempt(
                     call.attempt, "timeout", latency_s=latency, timeout_s=timeout,
@@ -236,9 +307,11 @@ class ExecutorActor(pykka.ThreadingActor):
                 if tool.reconcile is None:
                     self._retry_or_done(bid, batch, m.index, self._timeout_retryable(call, None))
                     return
+                call.stage = "reconciling"
                 gen = call.generation
-                future = self.workers.submit(self.workers.tool_pool, tool.reconcile,
-                                             call.planned.idempotency_key)
+                future = self.workers.start(self.workers.tool_pool, tool.reconcile,
+                                            (call.planned.idempotency_key,), {},
+                                            loop=batch.dispatch.loop)
                 self._tell_when_done(future, lambda v, e: _Reconciled(
                     bid, m.index, gen, *reconcile_result(v, e)))
                 me = self.actor_ref
@@ -249,46 +322,92 @@ class ExecutorActor(pykka.ThreadingActor):
                 att = call.outcome.attempts[-1]
                 att.reconciled, att.reconciled_value = m.took, m.value
                 if m.took is True:
-                    self._call_done(bid, batch)
+                    self._call_done(bid, batch, m.index)
                 else:
-                    self._retry_or_done(bid, batch, m.index, self._timeout_retryable(call, m.took))
+                    self._retry_or_done(bid, batch, m.index,
+                                        self._timeout_retryable(call, m.took))
+
+    def _halt(self, bid: int, batch: _Batch, why: decide.SkipReason) -> None:
+        """Calls that have not started (queued, being recorded, waiting for a thread or a
+        retry delay) end now; calls running go on until they end or time out."""
+        while batch.waiting and bid in self.batches:
+            self._unstarted(bid, batch, batch.waiting.popleft(), why, held=False)
+        for index, call in enumerate(batch.calls):
+            if bid not in self.batches:
+                return
+            if call.stage in ("recording", "delay"):
+                call.generation += 1
+                self._unstarted(bid, batch, index, why)
+            elif call.stage == "launched":
+                with call.gate:
+                    if call.started[0] == 0.0:
+                        call.halted = True
+                if call.halted:
+                    call.generation += 1
+                    self._unstarted(bid, batch, index, why)
+
+    def _unstarted(self, bid: int, batch: _Batch, index: int, why: decide.SkipReason,
+                   held: bool = True) -> None:
+        """The call's current attempt never started."""
+        call = batch.calls[index]
+        call.generation += 1
+        if not call.outcome.attempts:
+            call.outcome.skipped = why
+        elif call.recorded >= call.attempt:
+            # Its dispatch is in the journal: say that this attempt did not run.
+            call.outcome.attempts.append(Attempt(
+                call.attempt, "error", category="NotStarted",
+                error=f"attempt {call.attempt} was not started ({_WHY[why]})"))
+        self._call_done(bid, batch, index, held)
 
     def _timeout_retryable(self, call: _Call, reconciled: bool | None) -> bool:
         policy, tool = call.planned.tool.retry, call.planned.tool
-        return policy is not None and issubclass(TimeoutError, policy.retry_on) and (
-            reconciled is False or tool.idempotent)
+        return policy is not None and decide.timeout_retryable(
+            policy.retry_on, idempotent=tool.idempotent, reconciled=reconciled)
 
     def _retry_or_done(self, bid: int, batch: _Batch, index: int, retryable: bool) -> None:
         d, call = batch.dispatch, batch.calls[index]
         policy = call.planned.tool.retry
-        if policy is None or not retryable or batch.allowance <= 0 \
-                or call.attempt - call.planned.first_attempt + 1 >= policy.max_attempts:
-            self._call_done(bid, batch)
-            return
-        delay = policy.delay(call.attempt + 1)
-        if (d.deadline is not None and d.clock.monotonic() + delay >= d.deadline) \
-                or self._why_not(d) is not None:
-            self._call_done(bid, batch)
+        delay = 0.0 if policy is None else policy.delay(call.attempt + 1)
+        if policy is None or not decide.may_retry(
+                retryable=retryable, max_attempts=policy.max_attempts,
+                attempts_made=call.attempt - call.planned.first_attempt + 1,
+                allowance=batch.allowance, delay_s=delay, now=d.clock.monotonic(),
+                deadline=d.deadline, gate=self._gate(d)):
+            self._call_done(bid, batch, index)
             return
         batch.allowance -= 1
         call.attempt += 1
         if delay > 0:
-            me = self.actor_ref
-            self.workers.timer.after(delay, lambda: tell(me, _Retry(bid, index)))
+            call.stage = "delay"
+            call.generation += 1
+            me, gen = self.actor_ref, call.generation
+            self.workers.timer.after(delay, lambda: tell(me, _Retry(bid, index, gen)))
         else:
-            self._attempt(bid, batch, index)
+            self._begin(bid, batch, index)
 
-    def _call_done(self, bid: int, batch: _Batch) -> None:
-        batch.running -= 1
+    def _call_done(self, bid: int, batch: _Batch, index: int, held: bool = True) -> None:
+        batch.calls[index].stage = "done"
+        if held:
+            batch.running -= 1
         batch.finished += 1
         if batch.finished == len(batch.calls):
             self._reply(bid, batch)
         else:
             self._fill(bid, batch)
 
+    def _forget(self, bid: int) -> None:
+        batch = self.batches.pop(bid, None)
+        if batch is not None and batch.unwatch is not None:
+            batch.unwatch()
+
     def _reply(self, bid: int, batch: _Batch) -> None:
-        del self.batches[bid]
+        self._forget(bid)
         batch.reply([c.outcome for c in batch.calls], None)
+
+
+_WHY = {"journal": "the journal could record nothing more", "cancelled": "the run was cancelled",
+        "deadline": "the deadline passed"}
 
 
 def _bind(run_child: Callable[..., Any], parent: Any, execution_id: str) -> Callable[..., Any]:

@@ -27,6 +27,8 @@ class EffectDone(msgspec.Struct):
     value: Any = None
     error: BaseException | None = None
     appended: int = 0
+    #: The run's driving generation it answers (a failed run starts a new one).
+    generation: int = 0
 
 
 class DispatchBatch(msgspec.Struct):

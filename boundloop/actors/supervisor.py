@@ -1,43 +1,100 @@
 """Run supervision: drives runs' generators by performing the effects they ask for.
 
 A supervisor never blocks: it starts an effect (a journal append, a model call, a batch of
-tool calls) and goes back to its inbox; the effect's completion arrives as an EffectDone
-message. A run is a suspended generator, not a thread, so a few supervisors drive many runs.
+tool calls) and goes back to its inbox; the effect's completion arrives as a message. A run
+is a suspended generator, not a thread, so a few supervisors drive many runs.
+
+Failure rules (DESIGN "Supervision"): whatever goes wrong while handling one run's message
+ends that run, with a status and a RunFinished when the journal can still take one, and the
+actor goes on serving the others. Deadlines and cancellation of model calls are timers the
+supervisor owns: a model call waiting for a thread ends as soon as the run is cancelled or
+its deadline passes, and one still running is abandoned 0.5 s past the deadline (SPEC 5).
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 import time
 from collections.abc import Callable, Generator
-from concurrent.futures import Future
-from typing import Any
+from concurrent.futures import Future, InvalidStateError
+from typing import Any, Literal
 
 import msgspec
 import pykka
 
+from boundloop import events as ev
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers, tell
 from boundloop.errors import JournalUnavailable
 from boundloop.journal.base import Journal
 from boundloop.loop import (
+    Attempt,
     CallUser,
     Commit,
     Dispatch,
+    Driver,
     Effect,
     InvokeModel,
     Ledger,
     ModelReply,
     Reconcile,
-    drive,
 )
 from boundloop.results import RunResult
 
+#: How long a model call may run on past the run's deadline before it is abandoned.
+GRACE_S = 0.5
+
+_Wall = Literal["cancelled", "deadline", "grace"]
+
 
 class _Run(msgspec.Struct):
+    driver: Driver
     gen: Generator[Effect, Any, RunResult]
     future: Future[RunResult]
     seq: int
+    failed: bool = False
+    generation: int = 0
+    #: The user call (model, estimator, permit) the run waits for, if any.
+    call: _UserCall | None = None
+
+
+class _UserCall(msgspec.Struct):
+    token: int
+    future: Future[Any]
+    deadline: float | None = None
+    started: float = 0.0  # perf_counter at its real start; 0 while it waits for a thread
+    abandoned: bool = False
+    gate: threading.Lock = msgspec.field(default_factory=threading.Lock)
+    unwatch: Callable[[], None] | None = None
+
+
+class _UserReturned(msgspec.Struct):
+    run_id: str
+    token: int
+    reply: ModelReply
+
+
+class _UserWall(msgspec.Struct):
+    run_id: str
+    token: int
+    why: _Wall
+
+
+class _RecordAttempt(msgspec.Struct):
+    run_id: str
+    execution_id: str
+    attempt: int
+    before: list[Attempt]
+    done: Callable[[BaseException | None], None]
+
+
+class _AttemptRecorded(msgspec.Struct):
+    run_id: str
+    events: list[ev.Event]
+    error: BaseException | None
+    done: Callable[[BaseException | None], None]
 
 
 class SupervisorActor(pykka.ThreadingActor):
@@ -56,89 +113,206 @@ class SupervisorActor(pykka.ThreadingActor):
         self.workers = workers
         self.on_finished = on_finished
         self.runs: dict[str, _Run] = {}
+        self._tokens = itertools.count(1)
 
     def on_receive(self, message: Any) -> Any:
+        run_id = message.spec.run_id if isinstance(message, StartRun) else \
+            getattr(message, "run_id", None)
+        try:
+            self._handle(message)
+        except Exception as exc:  # noqa: BLE001 - the failure rule: end this run, keep serving
+            failed = self.runs.get(run_id) if isinstance(run_id, str) else None
+            if failed is not None and isinstance(run_id, str):
+                self._fail(run_id, failed, exc)
+        return None
+
+    def _handle(self, message: Any) -> None:
         match message:
             case StartRun(spec=spec, future=future, seq=seq):
-                run = _Run(drive(spec), future, seq)
+                driver = Driver(spec)
+                run = _Run(driver, driver.run(), future, seq)
                 self.runs[spec.run_id] = run
                 self._advance(spec.run_id, run, None, None)
-            case EffectDone(run_id=run_id, value=value, error=error, appended=appended):
+            case EffectDone(run_id=run_id, value=value, error=error, appended=appended,
+                            generation=generation):
                 waiting = self.runs.get(run_id)
-                if waiting is not None:
+                if waiting is not None and waiting.generation == generation:
                     if error is None:
                         waiting.seq += appended
                     self._advance(run_id, waiting, value, error)
-        return None
+            case _UserReturned(run_id=run_id, token=token, reply=reply):
+                asked = self.runs.get(run_id)
+                if asked is not None and asked.call is not None and asked.call.token == token:
+                    self._user_answered(run_id, asked, reply)
+            case _UserWall(run_id=run_id, token=token, why=why):
+                asked = self.runs.get(run_id)
+                if asked is not None and asked.call is not None and asked.call.token == token:
+                    self._wall(run_id, asked, why)
+            case _RecordAttempt():
+                self._record_attempt(message)
+            case _AttemptRecorded(run_id=run_id, events=events, error=error, done=done):
+                recording = self.runs.get(run_id)
+                if recording is not None and error is not None:
+                    recording.seq -= len(events)
+                    recording.driver.lose(events)
+                done(error)
 
+    # -- driving -----------------------------------------------------------------------
     def _advance(self, run_id: str, run: _Run, value: Any, error: BaseException | None) -> None:
         try:
             effect = run.gen.throw(error) if error is not None else run.gen.send(value)
         except StopIteration as stop:
             self._done(run_id, run, stop.value, None)
             return
-        except BaseException as exc:  # noqa: BLE001 - a driver bug fails its run, not the actor
+        except Exception as exc:  # noqa: BLE001 - a driver bug fails its run, not the actor
+            self._fail(run_id, run, exc)
+            return
+        try:
+            self._perform(run_id, run, effect)
+        except Exception as exc:  # noqa: BLE001 - the effect could not start: tell the run
+            self._advance(run_id, run, None, exc)
+
+    def _fail(self, run_id: str, run: _Run, exc: BaseException) -> None:
+        """Driving the run failed: end it with a status and a RunFinished (once)."""
+        if run.failed:
             self._done(run_id, run, None, exc)
             return
-        self._perform(run_id, run, effect)
+        run.failed = True
+        run.call = None
+        run.generation += 1  # what the failed driving still waits for is ignored
+        run.gen = run.driver.fail(exc)
+        self._advance(run_id, run, None, None)
 
     def _done(self, run_id: str, run: _Run, result: RunResult | None,
               exc: BaseException | None) -> None:
-        del self.runs[run_id]
+        if self.runs.get(run_id) is run:
+            del self.runs[run_id]
         self.on_finished(run_id)
-        if exc is not None:
-            run.future.set_exception(exc)
-        else:
-            assert result is not None
-            run.future.set_result(result)
+        future = run.future
+        try:
+            if future.done():
+                return  # the caller cancelled it; the run ended cancelled all the same
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                assert result is not None
+                future.set_result(result)
+        except InvalidStateError:
+            pass  # cancelled between the check and the set
 
     def _perform(self, run_id: str, run: _Run, effect: Effect) -> None:
-        me = self.actor_ref
+        me, generation = self.actor_ref, run.generation
         match effect:
             case Commit(events=events):
                 count = len(events)
 
                 def committed(err: BaseException | None) -> None:
-                    tell(me, EffectDone(run_id, None, err, count))
+                    tell(me, EffectDone(run_id, None, err, count, generation))
 
                 self.journal.submit(run_id, run.seq, events, committed)
-            case CallUser(fn=fn, args=args):
-                started = time.perf_counter()
-                call = self.workers.submit(self.workers.model_pool, fn, *args)
-
-                def answered(f: Future[Any]) -> None:
-                    exc = f.exception()
-                    tell(me, EffectDone(run_id, ModelReply(
-                        None if exc else f.result(), exc, time.perf_counter() - started)))
-
-                call.add_done_callback(answered)
+            case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
+                self._call_user(run_id, run, fn, args, deadline, cancel)
             case InvokeModel() if self.journal.closed:
                 # Fail closed: no model step the journal could not record.
                 self._advance(run_id, run, None, JournalUnavailable(
                     "the journal was closed; the model was not called"))
-            case InvokeModel():
-                started = time.perf_counter()
-                future = self.workers.submit(self.workers.model_pool, effect.model,
-                                             effect.history, effect.ctx)
-
-                def responded(f: Future[Any]) -> None:
-                    latency = time.perf_counter() - started
-                    exc = f.exception()
-                    reply = ModelReply(None, exc, latency) if exc is not None else \
-                        ModelReply(f.result(), None, latency)
-                    tell(me, EffectDone(run_id, reply))
-
-                future.add_done_callback(responded)
+            case InvokeModel(model=model, history=history, ctx=ctx):
+                self._call_user(run_id, run, model, (history, ctx), ctx.deadline, ctx.cancel)
             case Ledger():
                 def settled(reply: Any) -> None:
-                    tell(me, EffectDone(run_id, reply))
+                    tell(me, EffectDone(run_id, reply, generation=generation))
 
                 self.budget.tell(Settle(effect, settled))
             case Dispatch() | Reconcile():
                 if isinstance(effect, Dispatch):
                     journal = self.journal
                     effect.recordable = lambda: not journal.closed
+                    effect.record = lambda eid, attempt, before, done: tell(
+                        me, _RecordAttempt(run_id, eid, attempt, before, done))
+
                 def completed(outcomes: Any, err: BaseException | None) -> None:
-                    tell(me, EffectDone(run_id, outcomes, err))
+                    tell(me, EffectDone(run_id, outcomes, err, generation=generation))
 
                 self.executor.tell(DispatchBatch(effect, completed))
+
+    # -- user calls under the deadline wall -------------------------------------------
+    def _call_user(self, run_id: str, run: _Run, fn: Callable[..., Any],
+                   args: tuple[Any, ...], deadline: float | None, cancel: Any) -> None:
+        me, token = self.actor_ref, next(self._tokens)
+        call = _UserCall(token, Future(), deadline)
+
+        def on_start() -> bool:
+            with call.gate:
+                if call.abandoned:
+                    return False
+                call.started = time.perf_counter()
+                return True
+
+        call.future = self.workers.start(self.workers.model_pool, fn, args, {}, on_start)
+        run.call = call
+
+        def returned(f: Future[Any]) -> None:
+            exc = f.exception()
+            latency = time.perf_counter() - call.started if call.started else 0.0
+            reply = ModelReply(None, exc, latency) if exc is not None else \
+                ModelReply(f.result(), None, latency)
+            tell(me, _UserReturned(run_id, token, reply))
+
+        call.future.add_done_callback(returned)
+        if cancel is not None:
+            call.unwatch = cancel.on_cancel(lambda: tell(me, _UserWall(run_id, token,
+                                                                       "cancelled")))
+        if deadline is not None:
+            self.workers.timer.at(deadline, lambda: tell(me, _UserWall(run_id, token,
+                                                                       "deadline")))
+
+    def _wall(self, run_id: str, run: _Run, why: _Wall) -> None:
+        call = run.call
+        assert call is not None
+        with call.gate:
+            waiting = call.started == 0.0
+            if waiting or why == "grace":
+                call.abandoned = True
+        if why == "deadline" and not waiting:
+            me, token = self.actor_ref, call.token
+            assert call.deadline is not None
+            self.workers.timer.at(call.deadline + GRACE_S,
+                                  lambda: tell(me, _UserWall(run_id, token, "grace")))
+            return
+        if not call.abandoned:
+            return  # cancelled while the model works: its answer is discarded (SPEC 5.4)
+        if not waiting:
+            # It may never return: its thread is replaced so it holds up no other run.
+            self.workers.compensate(call.future)
+        latency = time.perf_counter() - call.started if call.started else 0.0
+        self._user_answered(run_id, run, ModelReply(
+            None, TimeoutError("abandoned at the run's deadline" if why != "cancelled"
+                               else "abandoned: the run was cancelled"),
+            latency, abandoned="cancelled" if why == "cancelled" else "deadline"))
+
+    def _user_answered(self, run_id: str, run: _Run, reply: ModelReply) -> None:
+        call = run.call
+        run.call = None
+        if call is not None and call.unwatch is not None:
+            call.unwatch()
+        self._advance(run_id, run, reply, None)
+
+    # -- attempts that start mid-batch -------------------------------------------------
+    def _record_attempt(self, m: _RecordAttempt) -> None:
+        run = self.runs.get(m.run_id)
+        if run is None:
+            m.done(JournalUnavailable("the run is no longer driven here"))
+            return
+        try:
+            events = run.driver.attempt_events(m.execution_id, m.attempt, m.before)
+        except Exception as exc:
+            m.done(exc)  # the attempt does not start; the run fails by the failure rule
+            raise
+        me = self.actor_ref
+
+        def committed(err: BaseException | None) -> None:
+            tell(me, _AttemptRecorded(m.run_id, events, err, m.done))
+
+        seq = run.seq
+        run.seq += len(events)
+        self.journal.submit(m.run_id, seq, events, committed)

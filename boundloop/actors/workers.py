@@ -1,24 +1,38 @@
-"""Where user code runs: bounded thread pools for sync callables, one asyncio loop for
+"""Where user code runs: elastic thread pools for sync callables, one asyncio loop for
 ``async def`` ones (so a thousand waiting async calls cost no threads), and one timer
-thread for timeouts and retry delays."""
+thread for timeouts, deadlines and retry delays.
+
+A pool never starves: a thread that waits inside a pooled call (a sync handler blocked in
+``run_child``) or that a timed-out handler still holds is *compensated*: the pool starts
+another thread for as long as the wait lasts, as Java's ForkJoinPool ``managedBlock`` does,
+up to a cap (``MAX_THREADS`` per pool by default).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import inspect
 import itertools
 import queue
 import threading
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 import pykka
 
+from boundloop.clock import Clock
 
-def _is_async(fn: Callable[..., Any]) -> bool:
+#: The most threads one pool runs, compensating threads included (SPEC 5: at least 256).
+MAX_THREADS = 256
+#: How long a thread above the pool's size waits idle before it ends.
+_IDLE_S = 2.0
+
+
+def is_async(fn: Callable[..., Any]) -> bool:
+    """True for an ``async def`` function or a callable object whose ``__call__`` is one."""
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
 
@@ -28,28 +42,44 @@ class NotStarted(Exception):
 
 
 class Timer:
-    """Runs callbacks after delays, on one thread (no thread per timeout)."""
+    """Runs callbacks at times of the runner's clock, on one thread (no thread per timeout).
 
-    def __init__(self) -> None:
+    On a FakeClock the timer moves only when the clock is advanced, so tests of time need
+    no sleeps.
+    """
+
+    def __init__(self, clock: Clock | None = None) -> None:
+        self._clock = clock or Clock()
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._stopped = False
+        self._clock.on_advance(self._wake)
         self._thread = threading.Thread(target=self._run, name="boundloop-timer", daemon=True)
         self._thread.start()
 
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
     def after(self, delay: float, fn: Callable[[], None]) -> None:
         """Call ``fn`` (on the timer thread; keep it short) ``delay`` seconds from now."""
+        self.at(self._clock.monotonic() + max(delay, 0.0), fn)
+
+    def at(self, when: float, fn: Callable[[], None]) -> None:
+        """Call ``fn`` once the clock reads ``when`` (a ``clock.monotonic()`` value)."""
         with self._cond:
-            heapq.heappush(self._heap, (time.monotonic() + max(delay, 0.0), next(self._seq), fn))
+            heapq.heappush(self._heap, (when, next(self._seq), fn))
             self._cond.notify()
 
     def _run(self) -> None:
+        real = self._clock.real
         while True:
             with self._cond:
                 while not self._stopped and (not self._heap
-                                             or self._heap[0][0] > time.monotonic()):
-                    wait = None if not self._heap else self._heap[0][0] - time.monotonic()
+                                             or self._heap[0][0] > self._clock.monotonic()):
+                    wait = None if not self._heap or not real else \
+                        self._heap[0][0] - self._clock.monotonic()
                     self._cond.wait(wait)
                 if self._stopped:
                     return
@@ -67,43 +97,148 @@ class Timer:
         self._thread.join(timeout=5)
 
 
-class Pool:
-    """A fixed pool of daemon threads: unlike ThreadPoolExecutor's, a handler stuck past its
-    timeout cannot keep the interpreter from exiting."""
+class _Item:
+    __slots__ = ("future", "call", "compensated", "running")
 
-    def __init__(self, threads: int, name: str) -> None:
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = \
-            queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
-                         for i in range(threads)]
-        for t in self._threads:
-            t.start()
+    def __init__(self, future: Future[Any], call: Callable[[], Any]) -> None:
+        self.future = future
+        self.call = call
+        self.compensated = False
+        self.running = False
+
+
+_local = threading.local()
+
+
+class Pool:
+    """An elastic pool of daemon threads (unlike ThreadPoolExecutor's, a handler stuck past
+    its timeout cannot keep the interpreter from exiting).
+
+    ``threads`` run at all times; each thread that waits inside a call (``blocking()``) or
+    that is held by an abandoned call (``compensate(future)``) adds one more, up to
+    ``cap`` threads in all.
+    """
+
+    def __init__(self, threads: int, name: str, cap: int = MAX_THREADS) -> None:
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._name = name
+        self._size = threads
+        self._cap = max(cap, threads)
+        self._lock = threading.Lock()
+        self._live = 0
+        self._extra = 0  # threads owed to waits and abandoned calls
+        self._serial = itertools.count()
+        self._running: dict[Future[Any], _Item] = {}
+        self._closed = False
+        self.peak = 0  # the most threads this pool ever ran at once
+        with self._lock:
+            for _ in range(threads):
+                self._spawn()
+
+    @property
+    def threads(self) -> int:
+        """Threads alive now."""
+        return self._live
+
+    def _spawn(self) -> None:
+        # Under self._lock.
+        self._live += 1
+        self.peak = max(self.peak, self._live)
+        threading.Thread(target=self._work, name=f"{self._name}-{next(self._serial)}",
+                         daemon=True).start()
+
+    def _grow(self) -> None:
+        # Under self._lock: one thread more while it is owed and the cap allows.
+        if not self._closed and self._live < min(self._size + self._extra, self._cap):
+            self._spawn()
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
         """Run ``fn(*args, **kwargs)`` on a pool thread."""
         future: Future[Any] = Future()
-        self._queue.put((future, lambda: fn(*args, **kwargs)))
+        self._queue.put(_Item(future, lambda: fn(*args, **kwargs)))
         return future
 
-    def _work(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
+    @contextlib.contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Compensate the calling pool thread while the ``with`` body waits."""
+        with self._lock:
+            self._extra += 1
+            self._grow()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._extra -= 1
+
+    def compensate(self, future: Future[Any]) -> None:
+        """The call behind ``future`` is abandoned (it timed out) but still holds its
+        thread: add a thread until it returns. A call not yet running is left alone."""
+        with self._lock:
+            item = self._running.get(future)
+            if item is None or item.compensated:
                 return
-            future, call = item
-            if not future.set_running_or_notify_cancel():
-                continue
+            item.compensated = True
+            self._extra += 1
+            self._grow()
+
+    def _work(self) -> None:
+        _local.pool = self
+        while True:
             try:
-                result = call()
+                item = self._queue.get(timeout=_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._live > self._size + self._extra or self._closed:
+                        self._live -= 1
+                        return
+                continue
+            if item is None:
+                with self._lock:
+                    self._live -= 1
+                return
+            if not item.future.set_running_or_notify_cancel():
+                continue
+            with self._lock:
+                self._running[item.future] = item
+            try:
+                result = item.call()
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
-                future.set_exception(exc)
+                outcome: tuple[bool, Any] = (False, exc)
             else:
-                future.set_result(result)
+                outcome = (True, result)
+            with self._lock:
+                del self._running[item.future]
+                if item.compensated:
+                    self._extra -= 1
+                retire = self._live > self._size + self._extra
+                if retire:
+                    self._live -= 1
+            if outcome[0]:
+                item.future.set_result(outcome[1])
+            else:
+                item.future.set_exception(outcome[1])
+            if retire:
+                return
 
     def shutdown(self) -> None:
         """Stop taking work; threads end once their current call returns."""
-        for _ in self._threads:
+        with self._lock:
+            self._closed = True
+            live = self._live
+        for _ in range(live):
             self._queue.put(None)
+
+
+@contextlib.contextmanager
+def waiting() -> Iterator[None]:
+    """Wrap a wait inside user code (``run_child`` from a sync handler): when it runs on a
+    pool thread, the pool gets a thread more for the duration."""
+    pool: Pool | None = getattr(_local, "pool", None)
+    if pool is None:
+        yield
+        return
+    with pool.blocking():
+        yield
 
 
 def tell(ref: Any, message: Any) -> None:
@@ -117,10 +252,11 @@ def tell(ref: Any, message: Any) -> None:
 class Workers:
     """Thread pools for models and tools, the event loop for async ones, and the timer."""
 
-    def __init__(self, model_threads: int = 32, tool_threads: int = 32) -> None:
-        self.model_pool = Pool(model_threads, "boundloop-model")
-        self.tool_pool = Pool(tool_threads, "boundloop-tool")
-        self.timer = Timer()
+    def __init__(self, model_threads: int = 32, tool_threads: int = 32,
+                 clock: Clock | None = None, max_threads: int = MAX_THREADS) -> None:
+        self.model_pool = Pool(model_threads, "boundloop-model", max_threads)
+        self.tool_pool = Pool(tool_threads, "boundloop-tool", max_threads)
+        self.timer = Timer(clock)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -136,38 +272,38 @@ class Workers:
                 self._thread.start()
             return self._loop
 
-    def submit(self, pool: Pool, fn: Callable[..., Any], *args: Any,
-               **kwargs: Any) -> Future[Any]:
-        """Start ``fn(*args, **kwargs)``: on the loop if it is async, else on ``pool``."""
-        if _is_async(fn):
-            return asyncio.run_coroutine_threadsafe(fn(*args, **kwargs), self.loop)
-        return pool.submit(self._call_sync, fn, args, kwargs)
-
-    def start(self, pool: Pool, fn: Callable[..., Any], kwargs: dict[str, Any],
-              on_start: Callable[[], bool]) -> Future[Any]:
-        """Like ``submit``, but ``on_start()`` runs right before ``fn`` does (so a timeout can
+    def start(self, pool: Pool, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any], on_start: Callable[[], bool] | None = None,
+              loop: asyncio.AbstractEventLoop | None = None) -> Future[Any]:
+        """Start ``fn(*args, **kwargs)``: on ``loop`` (default: the runner's) if it is async,
+        else on ``pool``. ``on_start()`` runs right before ``fn`` does (so a timeout can
         count from the real start, not from a wait in the pool's queue); when it returns
-        False, ``fn`` is not run and the future fails with NotStarted."""
-        if _is_async(fn):
-            if not on_start():
-                refused: Future[Any] = Future()
-                refused.set_exception(NotStarted())
-                return refused
-            return asyncio.run_coroutine_threadsafe(fn(**kwargs), self.loop)
-        return pool.submit(self._call_started, on_start, fn, kwargs)
+        False, ``fn`` is not run and the future fails with NotStarted. Whatever ``fn``
+        raises, even while a coroutine is being created, arrives through the future."""
+        if is_async(fn):
+            if on_start is not None and not on_start():
+                return _failed(NotStarted())
+            try:
+                coroutine = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - a wrong signature, say
+                return _failed(exc)
+            return asyncio.run_coroutine_threadsafe(_await(coroutine), loop or self.loop)
+        return pool.submit(self._call_sync, on_start, fn, args, kwargs)
 
-    def _call_started(self, on_start: Callable[[], bool], fn: Callable[..., Any],
-                      kwargs: dict[str, Any]) -> Any:
-        if not on_start():
+    def _call_sync(self, on_start: Callable[[], bool] | None, fn: Callable[..., Any],
+                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if on_start is not None and not on_start():
             raise NotStarted()
-        return self._call_sync(fn, (), kwargs)
-
-    def _call_sync(self, fn: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Any:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):  # a sync callable that returned a coroutine
-            return asyncio.run_coroutine_threadsafe(_await(result), self.loop).result()
+            with waiting():
+                return asyncio.run_coroutine_threadsafe(_await(result), self.loop).result()
         return result
+
+    def compensate(self, future: Future[Any]) -> None:
+        """``future``'s call was abandoned: its thread (if any) is replaced in its pool."""
+        self.model_pool.compensate(future)
+        self.tool_pool.compensate(future)
 
     def close(self) -> None:
         """Stop the loop, the timer and the pools (handlers still running are not waited
@@ -184,6 +320,12 @@ class Workers:
                 self._thread.join(timeout=5)
         self.model_pool.shutdown()
         self.tool_pool.shutdown()
+
+
+def _failed(exc: BaseException) -> Future[Any]:
+    future: Future[Any] = Future()
+    future.set_exception(exc)
+    return future
 
 
 async def _await(awaitable: Any) -> Any:

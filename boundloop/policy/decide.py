@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -155,3 +155,47 @@ def explain(stop: Stop, budget: Budget) -> str:
     if stop.status in ("cancelled", "final"):
         return f"{base} {stop.detail}".strip()
     return base.strip()
+
+
+# -- SPEC 5 step 10 and SPEC 6: what the executor may start ------------------------------
+SkipReason = Literal["journal", "cancelled", "deadline"]
+
+
+def dispatch_gate(*, recordable: bool, cancelled: bool,
+                  deadline_passed: bool) -> SkipReason | None:
+    """SPEC 5.10: may an attempt start now? None, or why not: the journal can record
+    nothing more (fail closed), cancellation or the deadline won before the dispatch."""
+    if not recordable:
+        return "journal"
+    if cancelled:
+        return "cancelled"
+    if deadline_passed:
+        return "deadline"
+    return None
+
+
+def attempt_timeout(tool_timeout_s: float | None, deadline: float | None,
+                    now: float) -> float | None:
+    """SPEC 5.10: an attempt's timeout is ``min(tool.timeout_s, time left)``."""
+    if deadline is None:
+        return tool_timeout_s
+    left = max(deadline - now, 0.001)
+    return left if tool_timeout_s is None else min(tool_timeout_s, left)
+
+
+def timeout_retryable(retry_on: tuple[type[BaseException], ...], *, idempotent: bool,
+                      reconciled: bool | None) -> bool:
+    """SPEC 6: a timed-out attempt may be retried only when timeouts are retried and the
+    retry cannot do the action twice (the tool is idempotent, or reconcile said it did not
+    take effect)."""
+    return issubclass(TimeoutError, retry_on) and (reconciled is False or idempotent)
+
+
+def may_retry(*, retryable: bool, max_attempts: int, attempts_made: int, allowance: int,
+              delay_s: float, now: float, deadline: float | None,
+              gate: SkipReason | None) -> bool:
+    """SPEC 6: another attempt runs when the failure is retryable, attempts and the call
+    budget are left, nothing stops dispatch, and its delay ends before the deadline."""
+    if not retryable or allowance <= 0 or attempts_made >= max_attempts or gate is not None:
+        return False
+    return deadline is None or now + delay_s < deadline
