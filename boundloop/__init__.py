@@ -15,6 +15,7 @@ from boundloop.errors import (
     JournalCorrupt,
     JournalError,
     JournalUnavailable,
+    LeaseLost,
     RecoveryError,
     RunnerClosed,
     SequenceConflict,
@@ -84,5 +85,6 @@ __all__ = [
     "Clock", "FakeClock",
     # errors
     "BoundloopError", "ConfigError", "JournalError", "JournalUnavailable", "JournalCorrupt",
-    "SequenceConflict", "AdmissionError", "UnknownRun", "RecoveryError", "RunnerClosed",
+    "SequenceConflict", "LeaseLost", "AdmissionError", "UnknownRun", "RecoveryError",
+    "RunnerClosed",
 ]

@@ -206,7 +206,7 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
         if lim not in (*LIMITS, "any"):
             raise click.BadParameter(f"{lim!r} is not a limit ({', '.join(LIMITS)}, any)",
                                      param_hint="'--limit-hit'")
-    with open_journal(journal_dir(journal)) as j:
+    with open_journal(journal_dir(journal), readonly=True) as j:
         found = list_runs(j, status=statuses, limit_hit=limits, since_s=since,
                           older_than_s=older_than, last=last)
     if as_json:
@@ -232,7 +232,7 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     """Show a run's timeline: what it did, and why it stopped."""
     from boundloop.inspect import open_journal, read_events, timeline
 
-    with open_journal(journal_dir(journal)) as j:
+    with open_journal(journal_dir(journal), readonly=True) as j:
         tl = timeline(read_events(j, run_id))
     if as_json:
         _echo_json(tl)
@@ -328,7 +328,7 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
                                      param_hint="'--events'") from None
     else:
         assert run_id is not None
-        with open_journal(journal_dir(journal)) as j:
+        with open_journal(journal_dir(journal), readonly=True) as j:
             events = read_events(j, run_id)
     rebuilt = rebuild(events)
     report = None
@@ -405,7 +405,7 @@ def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool) 
     from boundloop.inspect import open_journal
     from boundloop.inspect import prune as do_prune
 
-    with open_journal(journal_dir(journal)) as j:
+    with open_journal(journal_dir(journal), readonly=dry_run) as j:
         report = do_prune(j, older_than, dry_run=dry_run)
     if as_json:
         _echo_json(report)
@@ -432,7 +432,7 @@ def export(journal: str | None, run_id: str, strip_content: bool, output: str | 
     (`boundloop replay --events FILE` reads them back)."""
     from boundloop.inspect import export_lines, open_journal, read_events
 
-    with open_journal(journal_dir(journal)) as j:
+    with open_journal(journal_dir(journal), readonly=True) as j:
         lines = list(export_lines(read_events(j, run_id), j.secret_key,
                                   strip_content=strip_content))
     text = "".join(line + "\n" for line in lines)
@@ -462,18 +462,30 @@ def _runner(journal: str | None) -> Any:
 @cli.command()
 @journal_option
 @json_option("the recovered runs")
-def recover(journal: str | None, as_json: bool) -> None:
-    """Take over runs whose runner is gone and list what each left unresolved.
+@click.option("--claim", is_flag=True,
+              help="Also take the runs over (append OwnerClaimed): their old runners are "
+                   "fenced. Without it, nothing is written.")
+@click.option("--dry-run", "dry_run", is_flag=True, help="Only report (the default).")
+def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> None:
+    """List the runs whose runner is gone and what each left unresolved (read-only).
 
     Nothing is executed: resolve actions with `boundloop resolve`, then continue a run from
-    your code with runner.resume(run_id, model=..., tools=...).
+    your code with runner.resume(run_id, model=..., tools=...), which claims it.
     """
-    runner, j = _runner(journal)
-    try:
-        found = runner.recover()
-    finally:
-        runner.close()
-        j.close()
+    if claim and dry_run:
+        raise click.UsageError("--claim and --dry-run contradict each other")
+    if claim:
+        runner, j = _runner(journal)
+        try:
+            found = runner.recover()
+        finally:
+            runner.close()
+            j.close()
+    else:
+        from boundloop.inspect import open_journal, recoverable
+
+        with open_journal(journal_dir(journal), readonly=True) as j:
+            found = recoverable(j)
     if as_json:
         _echo_json([{"run_id": r.run_id, "model_steps": r.state.model_steps,
                      "tool_calls": r.state.tool_calls,
@@ -490,7 +502,9 @@ def recover(journal: str | None, as_json: bool) -> None:
         for u in r.unresolved:
             rows.append((r.run_id, str(r.state.model_steps), str(r.state.tool_calls),
                          u.call_id, u.tool, u.execution_id, u.phase, str(u.attempt)))
-    _console().print(_table(f"recovered {len(found)} run(s)",
+    title = f"claimed {len(found)} run(s)" if claim else \
+        f"{len(found)} run(s) to recover (read-only: --claim takes them over)"
+    _console().print(_table(title,
                             ("run id", "steps", "calls", "call", "tool", "execution id",
                              "phase", "attempt"), rows))
 
@@ -505,10 +519,14 @@ def recover(journal: str | None, as_json: bool) -> None:
               help="succeeded: it took effect; failed: it did not; abandoned: nobody can tell.")
 @click.option("--note", default="", help="Why (kept in the journal).")
 @click.option("--by", default=None, help="Who decided (default: user@host).")
+@click.option("--force", is_flag=True,
+              help="Resolve even though a live runner owns the run: it is fenced first (it "
+                   "stops driving the run), and the journal records that it was forced.")
 def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: str | None,
-            outcome: str | None, note: str, by: str | None) -> None:
+            outcome: str | None, note: str, by: str | None, force: bool) -> None:
     """Record a person's decision on an unresolved action of RUN_ID: OUTCOME (or --outcome)
-    is succeeded, failed or abandoned."""
+    is succeeded, failed or abandoned. A run that a live runner still drives is refused
+    unless --force."""
     if outcome_arg and outcome and outcome_arg != outcome:
         raise click.UsageError(f"two outcomes given: {outcome_arg} and --outcome {outcome}")
     outcome = outcome or outcome_arg
@@ -516,7 +534,7 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
         raise click.UsageError("give the outcome: succeeded, failed or abandoned")
     runner, j = _runner(journal)
     try:
-        state = runner.resolve(run_id, execution_id, outcome, note, by=by)
+        state = runner.resolve(run_id, execution_id, outcome, note, by=by, force=force)
     finally:
         runner.close()
         j.close()

@@ -31,6 +31,11 @@ class SequenceConflict(JournalError):
     """An append expected a different last sequence number: another writer got there first."""
 
 
+class LeaseLost(JournalError):
+    """This runner no longer owns the run at its epoch (another runner claimed it, or this
+    runner's lease ran out): the append stored nothing, and the run stops on this runner."""
+
+
 class AdmissionError(BoundloopError):
     """A run could not be admitted (used where a status cannot be returned)."""
 

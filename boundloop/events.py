@@ -174,6 +174,8 @@ class CallResolved(Event, frozen=True, tag="call.resolved"):
     outcome: str
     note: str = ""
     by: str = ""
+    #: True when a live owner was fenced to resolve it (``force=True``, SPEC 6).
+    forced: bool = False
 
 
 class RoundCompleted(Event, frozen=True, tag="round.completed"):
@@ -191,9 +193,12 @@ class ChildCharged(Event, frozen=True, tag="child.charged"):
 
 
 class OwnerClaimed(Event, frozen=True, tag="owner.claimed"):
-    """A runner took ownership of the run (at admission or at recovery)."""
+    """A runner took ownership of the run (at recovery, resume, or a forced resolve): the
+    run's ownership ``epoch`` becomes one more (0 in journals older than epochs: the fold
+    counts it then)."""
 
     owner: str
+    epoch: int = 0
 
 
 class RunResumed(Event, frozen=True, tag="run.resumed"):

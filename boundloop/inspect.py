@@ -42,7 +42,7 @@ from boundloop.policy.budget import (
 )
 from boundloop.policy.redact import PREFIX, digest, is_credential
 from boundloop.policy.replay import RunState, apply, replay
-from boundloop.results import CompletedAction, UnresolvedAction
+from boundloop.results import CompletedAction, RecoveredRun, UnresolvedAction
 from boundloop.tools import ArgumentError, Tool
 
 __all__ = [
@@ -50,7 +50,7 @@ __all__ = [
     "load_events", "RunSummary", "list_runs", "TimelineRow", "Timeline", "timeline",
     "Rebuilt", "rebuild", "Divergence", "CheckReport", "check", "recorded_budget",
     "PruneReport", "prune", "export_lines", "event_name", "event_type", "describe",
-    "owner_alive", "RecordedModelError",
+    "owner_alive", "RecordedModelError", "recoverable",
 ]
 
 #: Statuses a run can end with (SPEC 3), then the two states of a run with no RunFinished:
@@ -74,12 +74,16 @@ def journal_dir(value: str | os.PathLike[str] | None = None) -> str:
 
 
 def open_journal(path: str | os.PathLike[str] | None = None, *,
-                 create: bool = False) -> Journal:
+                 create: bool = False, readonly: bool = False) -> Journal:
     """Open the LMDB journal in ``path`` (see ``journal_dir``) for inspection.
+
+    With ``readonly`` nothing is written, created or chmodded, and no write lock is taken,
+    so it never waits for a writer (SPEC 6: commands that only read).
 
     Raises:
         JournalUnavailable: there is no journal there (and ``create`` is False), or it cannot
             be opened (locked, unreadable, not an LMDB environment).
+        JournalCorrupt: what is there is not a journal (an empty data.mdb, say).
     """
     from boundloop.journal.lmdb import LmdbJournal
 
@@ -93,7 +97,7 @@ def open_journal(path: str | os.PathLike[str] | None = None, *,
         if not (where / "data.mdb").exists():
             raise JournalUnavailable(f"{where} holds no journal (no data.mdb); {hint}")
     try:
-        return LmdbJournal(where, create=create)
+        return LmdbJournal(where, create=create and not readonly, readonly=readonly)
     except OSError as exc:
         raise JournalUnavailable(f"cannot open the journal at {where}: "
                                  f"{exc.strerror or exc}") from None
@@ -198,6 +202,18 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
 def owner_alive(owner: str, owners: dict[str, OwnerRecord], now: float | None = None) -> bool:
     """Whether the runner ``owner`` still drives its runs (its process, or its lease)."""
     return owners_mod.owner_alive(owners.get(owner), now)
+
+
+def recoverable(journal: Journal) -> list[RecoveredRun]:
+    """What ``runner.recover()`` would take over, read-only: every open run whose owner is
+    gone, with the actions it left unresolved. Nothing is claimed or written."""
+    owners = journal.owners()
+    out: list[RecoveredRun] = []
+    for run_id in journal.open_runs():
+        state = replay(e for _, e in journal.read(run_id))
+        if not state.finished and not owner_alive(state.owner, owners):
+            out.append(RecoveredRun(run_id, state, state.open_actions))
+    return out
 
 
 def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) -> RunSummary:

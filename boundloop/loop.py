@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import threading
 from collections.abc import Callable, Generator
 from typing import Any
@@ -43,7 +44,7 @@ from boundloop.policy.budget import (
     remaining,
     within_tree,
 )
-from boundloop.policy.redact import journal_safe, redact
+from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, journal_safe, plain_result, redact
 from boundloop.policy.replay import RunState, apply
 from boundloop.policy.safe_text import describe_exception
 from boundloop.results import RunResult, UnresolvedAction
@@ -135,12 +136,16 @@ class Dispatch(msgspec.Struct):
     parent: ParentLink | None = None
     #: Set by whoever performs the effect: False once the journal can record nothing more.
     recordable: Callable[[], bool] | None = None
+    #: Set by whoever performs the effect: False once this runner's lease lost its margin.
+    leased: Callable[[], bool] | None = None
     #: Set by whoever performs the effect: ``record(execution_id, attempt, done)`` makes
     #: the attempt's CallDispatched durable, then calls ``done(None)`` (or the error).
     record: Callable[[str, int, list[Attempt], Callable[[BaseException | None], None]],
                      None] | None = None
     #: The event loop for async handlers (the caller's, for a run started with ``arun``).
     loop: asyncio.AbstractEventLoop | None = None
+    #: The run's ownership epoch, given to handlers as a fencing token.
+    epoch: int = 0
 
 
 class Outcome(msgspec.Struct):
@@ -213,6 +218,8 @@ class RunSpec(msgspec.Struct, kw_only=True):
     secret_key: bytes
     clock: Clock
     owner: str = ""
+    #: True while the runner's lease has its safety margin left (SPEC 6 self-fencing).
+    lease_ok: Callable[[], bool] | None = None
     permit: Permit | None = None
     read_only: bool = False
     price: Price | None = None
@@ -227,8 +234,13 @@ class RunSpec(msgspec.Struct, kw_only=True):
 
 def content_of(value: Any) -> Any:
     """A tool result as JSON-like data that the journal can store (what the model and the
-    journal see)."""
-    return journal_safe(msgspec.to_builtins(value, str_keys=True, enc_hook=repr))
+    journal see); never raises. A value that cannot be recorded (nested deeper than
+    ``redact.MAX_DEPTH`` levels, containing itself, or not convertible) becomes a sentence
+    saying why; a dict stays a dict (``{"(arguments not kept)": why}``), so validated
+    arguments keep their type."""
+    content, _, why = plain_result(value)
+    return {ARGUMENTS_NOT_KEPT: content} if why is not None and isinstance(value, dict) \
+        else content
 
 
 def idempotency_key(run_id: str, call_id: str) -> str:
@@ -421,12 +433,14 @@ class Driver:
                 continue
             allowance = self.budget.max_tool_calls - st.tool_calls - 1
             outcomes = yield Dispatch([planned], 1, self.deadline, spec.cancel, allowance,
-                                      self.clock, spec.run_child, self.link(rec.step))
+                                      self.clock, spec.run_child, self.link(rec.step),
+                                      epoch=st.epoch)
             for outcome in outcomes:
                 if outcome.skipped:
+                    # Its retry's dispatch may be recorded already: name the last attempt.
                     self.emit(ev.CallOutcomeUnknown, execution_id=rec.execution_id,
-                              attempt=attempt, content="the retry was not run: "
-                              f"{outcome.skipped}")
+                              attempt=max(st.calls[rec.execution_id].attempt, 1),
+                              content=f"the retry was not run: {outcome.skipped}")
                 else:
                     self.record(outcome)
         if review:
@@ -532,7 +546,7 @@ class Driver:
         if isinstance(estimate, int) and not isinstance(estimate, bool):
             estimate = Usage(input_tokens=estimate)
         if reply.error is not None or not isinstance(estimate, Usage):
-            why = f"raised {type(reply.error).__name__}: {reply.error}" if reply.error else \
+            why = f"raised {describe_exception(reply.error)}" if reply.error else \
                 f"returned {type(estimate).__name__}, not a bl.Usage or an int of input tokens"
             raise EstimatorFailed(f"the runner's estimator {why}")
         return priced(estimate, spec.price)
@@ -712,7 +726,7 @@ class Driver:
             allowance = self.current.max_tool_calls - st.tool_calls
             outcomes = yield Dispatch(planned, self.budget.max_parallel, self.deadline,
                                       spec.cancel, allowance, self.clock, spec.run_child,
-                                      self.link(step))
+                                      self.link(step), epoch=st.epoch)
         for outcome in outcomes:
             self.record(outcome)
             if outcome.skipped:
@@ -725,6 +739,11 @@ class Driver:
             return needs_review(review)
         self.emit(ev.RoundCompleted, step=step)
         if skipped:
+            if "lease" in skipped:
+                return decide.Stop("journal_unavailable",
+                                   detail="This runner's lease ran out during the batch (was "
+                                          "the process paused?); it fenced itself and started "
+                                          "nothing more. Another runner may take the run over.")
             if "journal" in skipped:
                 return decide.Stop("journal_unavailable",
                                    detail="The journal became unavailable during the batch; "
@@ -736,10 +755,16 @@ class Driver:
         return None
 
     def result_fields(self, value: Any) -> dict[str, Any]:
-        content = content_of(value)
-        data = _json.encode(content)
+        """The content, size and digest of a tool result, and its status when not ``ok``
+        (``too_large`` over ``max_result_bytes``). A result that cannot be recorded (too
+        deep, cyclic, unrepresentable) is still ``ok``, since the action did take effect,
+        with a content that says why it was not kept. The digest is keyed (HMAC-SHA256
+        under the journal's key, SPEC 9), so it cannot confirm a guessed result."""
+        content, data, problem = plain_result(value)
         fields = {"content": content, "size": len(data),
-                  "digest": hashlib.sha256(data).hexdigest()}
+                  "digest": hmac.digest(self.spec.secret_key, data, hashlib.sha256).hex()}
+        if problem is not None:
+            return fields
         limit = self.budget.max_result_bytes
         if limit is not None and len(data) > limit:
             fields["content"] = (f"the result was {len(data)} bytes, over max_result_bytes="
@@ -777,7 +802,8 @@ class Driver:
     def record_attempts(self, eid: str, attempts: list[Attempt], final: bool) -> None:
         # Every attempt's CallDispatched is already durable and folded (SPEC 6).
         done = self.attempts_recorded.get(eid, 0)
-        unknown = eid in self.unknown  # an earlier attempt may have taken effect
+        # An earlier attempt may have taken effect (this run, or before a crash).
+        unknown = eid in self.unknown or self.state.calls[eid].doubt
         for i in range(done, len(attempts)):
             att = attempts[i]
             last = final and i == len(attempts) - 1

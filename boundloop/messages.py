@@ -12,6 +12,16 @@ import msgspec
 
 from boundloop.errors import ConfigError
 from boundloop.policy.budget import Usage
+from boundloop.policy.redact import (
+    MAX_DEPTH,
+    arguments_not_kept,
+    arguments_problem,
+    json_problem,
+    shape_problem,
+    shape_text,
+    storable,
+    unstorable_reason,
+)
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -68,18 +78,55 @@ def copy_history(history: list[Message]) -> list[Message]:
 
 
 def to_history(items: list[Any]) -> list[Message]:
-    """Convert a user-given history (message Structs or their dict forms) into messages.
+    """Convert a user-given history (message Structs or their dicts) into messages, checked
+    so the journal can store every one (SPEC 2).
 
     Raises:
-        ConfigError: an item is not a message.
+        ConfigError: an item is not a message, or holds a value the journal cannot store
+            (text with a lone surrogate, an integer beyond 64 bits, a value nested deeper
+            than ``MAX_DEPTH`` levels or containing itself, an object that is not
+            JSON-like); the message names the item and where in it.
     """
+    messages = [_message(index, item) for index, item in enumerate(items)]
     try:
-        plain = [msgspec.to_builtins(m) if isinstance(m, msgspec.Struct) else m for m in items]
         # Through msgpack and back: nothing nested stays shared with the caller's objects.
-        return _history_decoder.decode(_history_encoder.encode(
-            msgspec.convert(plain, list[Message])))
-    except (msgspec.ValidationError, msgspec.DecodeError, TypeError) as exc:
-        raise ConfigError(f"history is not a list of messages (SPEC 2): {exc}") from None
+        return _history_decoder.decode(_history_encoder.encode(messages))
+    except (msgspec.DecodeError, TypeError, ValueError, OverflowError,
+            RecursionError) as exc:  # pragma: no cover - each message was checked
+        raise ConfigError(f"history cannot be recorded: {exc}") from None
+
+
+def _message(index: int, item: Any) -> Message:
+    where = f"history[{index}]"
+    # The shape first: msgspec's converters recurse (in C) and do not stop at a cycle.
+    if isinstance(item, msgspec.Struct):
+        fields = {f: getattr(item, f, None) for f in item.__struct_fields__}
+    elif isinstance(item, dict):
+        fields = item
+    else:
+        raise ConfigError(f"{where} is not a message (SPEC 2): it is a "
+                          f"{type(item).__name__}, not a message Struct or a dict")
+    for name, value in fields.items():
+        problem = shape_problem(value)
+        if problem is not None:
+            raise ConfigError(
+                f"{where} cannot be recorded: its `{name!s}` is {shape_text(problem)}; the "
+                f"journal keeps values nested at most {MAX_DEPTH} levels deep, and none that "
+                "contains itself")
+    try:
+        plain = msgspec.to_builtins(item) if isinstance(item, msgspec.Struct) else item
+        message: Message = msgspec.convert(plain, Message)
+    except (msgspec.ValidationError, TypeError, ValueError, OverflowError) as exc:
+        raise ConfigError(f"{where} is not a message (SPEC 2): {exc}") from None
+    fields = msgspec.structs.asdict(message)
+    # The transcript is journaled (msgpack), and also measured and sent as JSON.
+    why = unstorable_reason(fields) if not storable(message) else json_problem(fields)
+    if why is not None:
+        raise ConfigError(
+            f"{where} (a `{message.kind}` message) holds {why}, "
+            "which the journal cannot store: pass big integers as strings, decode text with "
+            "errors='replace', and give only JSON-like values")
+    return message
 
 
 class ToolCall(msgspec.Struct, frozen=True):
@@ -88,6 +135,15 @@ class ToolCall(msgspec.Struct, frozen=True):
     id: NonEmpty
     name: NonEmpty
     arguments: dict[str, Any]
+
+    def __post_init__(self) -> None:
+        # Arguments nested deeper than MAX_DEPTH, holding themselves, or holding a key or
+        # value JSON cannot hold cannot be journaled nor sent back to the model (msgspec's
+        # encoders recurse in C, or refuse them). They are replaced here, where the call is
+        # made, by arguments that say so, and the call ends ``invalid_arguments``.
+        problem = arguments_problem(self.arguments)
+        if problem is not None:
+            msgspec.structs.force_setattr(self, "arguments", arguments_not_kept(problem))
 
 
 class Final(msgspec.Struct, frozen=True, tag_field="kind", tag="final"):

@@ -1,7 +1,15 @@
-"""Whether a runner that owns runs is still there: its process on this host, else its lease."""
+"""Whether a runner that owns runs is still there.
+
+A runner is judged by its lease. The process check (pid and start time) is used only when
+the owner is certainly on this machine and in this pid namespace: the same boot id and the
+same pid-namespace identity. There a process that still exists is alive, even when paused,
+so it is never taken over. A host name proves nothing (containers share them and reuse
+pids), so it is never used on its own (SPEC 6).
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import time
@@ -21,7 +29,7 @@ def process_start(pid: int) -> float:
 
 
 def pid_alive(pid: int) -> bool:
-    """True when a process with this pid exists on this host."""
+    """True when a process with this pid exists in this pid namespace."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -31,18 +39,47 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
+@functools.cache
+def boot_id() -> str:
+    """This machine's boot id ('' where the kernel does not say)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def pid_namespace() -> str:
+    """The identity of this process's pid namespace (device and inode of
+    ``/proc/self/ns/pid``; '' where it cannot be read). Not cached: a process may move."""
+    try:
+        st = os.stat("/proc/self/ns/pid")
+    except OSError:
+        return ""
+    return f"{st.st_dev}:{st.st_ino}"
+
+
+def same_pid_space(record: OwnerRecord) -> bool:
+    """True only when ``record``'s pid is certainly a pid of this machine's boot and of the
+    pid namespace this process sees."""
+    mine = boot_id(), pid_namespace()
+    return bool(record.boot_id and record.pidns and all(mine)) and \
+        (record.boot_id, record.pidns) == mine
+
+
 def owner_alive(record: OwnerRecord | None, now: float | None = None) -> bool:
-    """Whether the runner of ``record`` still drives its runs. On this host the kernel
-    answers (a reused pid has another start time); elsewhere, the lease."""
+    """Whether the runner of ``record`` still drives its runs: in this machine's pid space,
+    its process exists (a reused pid has another start time); elsewhere, its lease holds."""
     if record is None:
         return False
-    if record.host == socket.gethostname():
+    if same_pid_space(record):
         return pid_alive(record.pid) and (not record.started
                                           or process_start(record.pid) == record.started)
     return record.lease_until >= (time.time() if now is None else now)
 
 
-def this_process() -> tuple[int, str, float]:
-    """(pid, host, start time) of the calling process."""
+def this_process(owner: str, lease_until: float) -> OwnerRecord:
+    """The owner record of the calling process, with its lease until ``lease_until``."""
     pid = os.getpid()
-    return pid, socket.gethostname(), process_start(pid)
+    return OwnerRecord(owner, pid, socket.gethostname(), process_start(pid), lease_until,
+                       boot_id(), pid_namespace())

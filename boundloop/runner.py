@@ -27,6 +27,7 @@ from boundloop.clock import Clock
 from boundloop.errors import (
     ConfigError,
     JournalError,
+    LeaseLost,
     RecoveryError,
     RunnerClosed,
     SequenceConflict,
@@ -129,7 +130,12 @@ class Runner:
         self.estimator = estimator
         self.price = price
         self.clock = clock or Clock()
-        self.lease_s = lease_s
+        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) \
+                or not 0.1 <= lease_s <= 86_400:
+            raise ConfigError(f"lease_s must be a number of seconds from 0.1 to 86400, got "
+                              f"{lease_s!r}")
+        self.lease_s = float(lease_s)
+        self._lease_until = 0.0  # the lease as last made durable
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tokens: dict[str, CancelToken] = {}
         self._futures: dict[str, Future[RunResult]] = {}
@@ -151,17 +157,24 @@ class Runner:
 
     # -- ownership ---------------------------------------------------------------------
     def _register(self) -> None:
-        pid, host, started = this_process()
+        until = time.time() + self.lease_s
         try:
-            self._journal.put_owner(OwnerRecord(self.owner, pid, host, started,
-                                                time.time() + self.lease_s))
+            self._journal.put_owner(this_process(self.owner, until))
         except JournalError:
-            pass  # a closed journal fails each run closed; nothing to own yet
+            return  # not renewed: once the margin is gone, this runner stops starting work
+        self._lease_until = until
 
     def _renew(self) -> None:
         # Ownership across hosts rests on the lease: renew it well before it runs out.
         while not self._stop_renewing.wait(self.lease_s / 3):
             self._register()
+
+    def lease_ok(self) -> bool:
+        """True while this runner's lease has at least a third of ``lease_s`` left: it starts
+        no model call and no attempt otherwise (a paused or partitioned runner fences
+        itself: by the time another runner may judge it gone, it has stopped starting
+        work)."""
+        return time.time() + self.lease_s / 3 <= self._lease_until
 
     def _owner_gone(self, owner: str, owners: dict[str, OwnerRecord]) -> bool:
         """True when ``owner`` can no longer drive its runs."""
@@ -171,9 +184,15 @@ class Runner:
         record = owners.get(owner) or self._journal.owners().get(owner)
         return not owner_alive(record)
 
+    def _claim_event(self, state: RunState) -> ev.OwnerClaimed:
+        return ev.OwnerClaimed(run_id=state.run_id, ts=self.clock.time(),
+                               elapsed_s=state.elapsed_s, owner=self.owner,
+                               epoch=state.epoch + 1)
+
     def _claim(self, run_id: str, seq: int, state: RunState) -> RunState:
-        event = ev.OwnerClaimed(run_id=run_id, ts=self.clock.time(), elapsed_s=state.elapsed_s,
-                                owner=self.owner)
+        """Take the run at its next epoch: from now on its old owner's appends are refused
+        (LeaseLost). Of two runners claiming at once, one wins (SequenceConflict)."""
+        event = self._claim_event(state)
         self._journal.append(run_id, seq, [event])
         return apply(state, event)
 
@@ -211,6 +230,14 @@ class Runner:
                 except SequenceConflict:
                     continue  # another runner claimed it first, or its owner moved on
             out.append(RecoveredRun(run_id, state, state.open_actions))
+        for owner, record in owners.items():
+            # Owner records of gone runners are dropped: a run whose owner has no record is
+            # judged gone all the same, and the table stays as small as the live fleet.
+            if owner != self.owner and not owner_alive(record):
+                try:
+                    self._journal.remove_owner(owner)
+                except JournalError:
+                    break
         return out
 
     def resume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
@@ -251,16 +278,20 @@ class Runner:
         return self._start(spec, seq, resuming=True)
 
     def resolve(self, run_id: str, execution_id: str, outcome: str, note: str = "", *,
-                by: str | None = None) -> RunState:
+                by: str | None = None, force: bool = False) -> RunState:
         """Record a person's decision on an unresolved action: ``succeeded`` (it took
         effect), ``failed`` (it did not) or ``abandoned`` (nobody can tell; it stays
         flagged). Returns the run's state after it; ``resume`` continues the run.
 
+        An open run is claimed in the same append (so a runner that drove it and wakes up
+        later is fenced). A run whose owner is alive, in any process, is refused unless
+        ``force=True``: then the live owner is fenced and ``CallResolved.forced`` says so.
+
         Raises:
             ConfigError: ``outcome`` is not one of the three.
             UnknownRun: no such run.
-            RecoveryError: no such action, its outcome is already known, or the run is in
-                flight.
+            RecoveryError: no such action, its outcome is already known, the run is in
+                flight here, or a live runner owns it (without ``force``).
         """
         if outcome not in ("succeeded", "failed", "abandoned"):
             raise ConfigError(f"outcome must be succeeded, failed or abandoned, not {outcome!r}")
@@ -275,14 +306,29 @@ class Runner:
         if not record.open:
             raise RecoveryError(f"action {execution_id!r} is not unresolved (its result is "
                                 f"{record.status})")
+        forced = False
+        batch: list[ev.Event] = []
+        if not state.finished and state.owner != self.owner:
+            if not self._owner_gone(state.owner, self._journal.owners()):
+                if not force:
+                    raise RecoveryError(
+                        f"run {run_id!r} is owned by the live runner {state.owner!r}, whose "
+                        "action may still be running; resolve it there, wait until that "
+                        "runner is gone, or force it (force=True / --force), which fences "
+                        "that runner first")
+                forced = True
+            batch.append(self._claim_event(state))
         who = by or f"{getpass.getuser()}@{socket.gethostname()}"
-        event = ev.CallResolved(run_id=run_id, ts=self.clock.time(), elapsed_s=state.elapsed_s,
-                                execution_id=execution_id, outcome=outcome, note=note, by=who)
+        batch.append(ev.CallResolved(run_id=run_id, ts=self.clock.time(),
+                                     elapsed_s=state.elapsed_s, execution_id=execution_id,
+                                     outcome=outcome, note=note, by=who, forced=forced))
         try:
-            self._journal.append(run_id, seq, [event])
-        except SequenceConflict:
+            self._journal.append(run_id, seq, batch)
+        except (SequenceConflict, LeaseLost):
             raise RecoveryError(f"run {run_id!r} changed while resolving; try again") from None
-        return apply(state, event)
+        for event in batch:
+            apply(state, event)
+        return state
 
     @property
     def journal(self) -> Journal:
@@ -351,8 +397,9 @@ class Runner:
             run_id=check_run_id(run_id) if run_id is not None else uuid.uuid4().hex,
             model=model, tools=_tools(tools), budget=budget, history=messages,
             cancel=cancel or CancelToken(), secret_key=self._journal.secret_key,
-            clock=self.clock, owner=self.owner, permit=permit, read_only=self.read_only,
-            price=self.price, estimator=self.estimator, run_child=self._run_child, **extra)
+            clock=self.clock, owner=self.owner, lease_ok=self.lease_ok, permit=permit,
+            read_only=self.read_only, price=self.price, estimator=self.estimator,
+            run_child=self._run_child, **extra)
 
     def _start(self, spec: RunSpec, seq: int, resuming: bool = False) -> Future[RunResult]:
         future: Future[RunResult] = Future()

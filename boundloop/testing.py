@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from boundloop.errors import ConfigError, JournalUnavailable
 from boundloop.events import Event
-from boundloop.journal.base import Done, Journal, OwnerRecord, RunInfo
+from boundloop.journal.base import Done, Fence, Journal, OwnerRecord, RunInfo
 
 MODES = ("raise", "kill_before", "kill_after")
 
@@ -35,12 +35,13 @@ class FaultyJournal(Journal):
         self.writes = 0
         self._lock = threading.Lock()
 
-    def submit(self, run_id: str, expected_seq: int, events: Sequence[Event], done: Done) -> None:
+    def submit(self, run_id: str, expected_seq: int, events: Sequence[Event], done: Done,
+               fence: Fence | None = None) -> None:
         with self._lock:
             self.writes += 1
             hit = self.writes == self.fail_at
         if not hit:
-            self.inner.submit(run_id, expected_seq, events, done)
+            self.inner.submit(run_id, expected_seq, events, done, fence)
         elif self.mode == "raise":
             done(JournalUnavailable(f"injected failure at append {self.writes}"))
         elif self.mode == "kill_before":
@@ -49,7 +50,7 @@ class FaultyJournal(Journal):
             def then_die(err: BaseException | None) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
-            self.inner.submit(run_id, expected_seq, events, then_die)
+            self.inner.submit(run_id, expected_seq, events, then_die, fence)
 
     def read(self, run_id: str, after: int = 0) -> Iterator[tuple[int, Event]]:
         return self.inner.read(run_id, after)

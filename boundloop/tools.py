@@ -13,6 +13,9 @@ from typing import Any
 import msgspec
 
 from boundloop.errors import BoundloopError, ConfigError
+from boundloop.policy.budget import MAX_SECONDS, MAX_WHOLE, bad_seconds
+from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, arguments_not_kept, shape_problem
+from boundloop.policy.safe_text import describe_exception
 
 if typing.TYPE_CHECKING:
     from boundloop.cancel import CancelToken
@@ -38,13 +41,12 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_attempts, bool) or not isinstance(self.max_attempts, int) \
-                or self.max_attempts < 1:
-            raise ConfigError(f"RetryPolicy.max_attempts must be a whole number >= 1, "
-                              f"got {self.max_attempts!r}")
-        if isinstance(self.backoff_s, bool) or not isinstance(self.backoff_s, int | float) \
-                or self.backoff_s < 0:
-            raise ConfigError(f"RetryPolicy.backoff_s must be a number >= 0, got "
-                              f"{self.backoff_s!r}")
+                or not 1 <= self.max_attempts <= MAX_WHOLE:
+            raise ConfigError(f"RetryPolicy.max_attempts must be a whole number from 1 to "
+                              f"{MAX_WHOLE} (2**63 - 1), got {self.max_attempts!r}")
+        if bad_seconds(self.backoff_s, zero_ok=True):
+            raise ConfigError(f"RetryPolicy.backoff_s must be a number of seconds from 0 to "
+                              f"{MAX_SECONDS:.0e}, got {self.backoff_s!r}")
         retry_on: Any = self.retry_on
         try:
             kinds = (retry_on,) if isinstance(retry_on, type) else tuple(retry_on)
@@ -55,13 +57,21 @@ class RetryPolicy:
         object.__setattr__(self, "retry_on", kinds)
 
     def delay(self, attempt: int) -> float:
-        """The delay before ``attempt`` (2 or more)."""
-        return float(self.backoff_s) * float(2 ** max(attempt - 2, 0))
+        """The delay before ``attempt`` (2 or more), at most ``MAX_SECONDS``."""
+        if not self.backoff_s:
+            return 0.0
+        # 2.0 ** 64 keeps the float finite; the cap keeps every timer's timeout valid.
+        return min(float(self.backoff_s) * 2.0 ** min(max(attempt - 2, 0), 64), MAX_SECONDS)
 
 
 @dataclasses.dataclass(frozen=True)
 class ToolContext:
-    """What a handler learns about the call it serves (declare a parameter of this type)."""
+    """What a handler learns about the call it serves (declare a parameter of this type).
+
+    ``epoch`` is the run's ownership epoch, a fencing token: a downstream system that keeps
+    the highest epoch it saw per ``idempotency_key`` can refuse a late attempt from a runner
+    that lost the run (SPEC 6).
+    """
 
     run_id: str
     call_id: str
@@ -70,6 +80,7 @@ class ToolContext:
     attempt: int
     deadline: float | None
     cancel: CancelToken
+    epoch: int = 0
     _run_child: Callable[..., RunResult] | None = dataclasses.field(default=None, repr=False)
 
     def run_child(self, *args: Any, **kwargs: Any) -> RunResult:
@@ -153,9 +164,10 @@ class Tool:
             inspect.cleandoc(handler.__doc__ or "")
         if read_only and irreversible:
             raise ConfigError(f"tool {self.name!r} cannot be both read_only and irreversible")
-        if timeout_s is not None and (isinstance(timeout_s, bool) or
-                                      not isinstance(timeout_s, int | float) or timeout_s <= 0):
-            raise ConfigError(f"tool {self.name!r}: timeout_s must be a number above 0 or None")
+        if timeout_s is not None and bad_seconds(timeout_s, zero_ok=False):
+            raise ConfigError(f"tool {self.name!r}: timeout_s must be a number of seconds above "
+                              f"0 and at most {MAX_SECONDS:.0e}, or None for no timeout; got "
+                              f"{timeout_s!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigError(f"tool {self.name!r}: retry must be a bl.RetryPolicy")
         if reconcile is not None and not callable(reconcile):
@@ -214,12 +226,21 @@ class Tool:
         """The handler's keyword arguments for ``arguments``.
 
         Raises:
-            ArgumentError: they do not match the schema; the message says what is wrong.
+            ArgumentError: they do not match the schema, or could not be kept (nested
+                deeper than ``MAX_DEPTH`` levels, or holding themselves); the message says
+                what is wrong.
         """
+        if isinstance(arguments, dict) and ARGUMENTS_NOT_KEPT in arguments:
+            raise ArgumentError(str(arguments[ARGUMENTS_NOT_KEPT]))
+        problem = shape_problem(arguments)
+        if problem is not None:
+            raise ArgumentError(arguments_not_kept(problem)[ARGUMENTS_NOT_KEPT])
         try:
             value = msgspec.convert(arguments, self._args_type)
         except msgspec.ValidationError as exc:
             raise ArgumentError(str(exc)) from None
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            raise ArgumentError(f"they cannot be read ({describe_exception(exc)})") from None
         return {f: getattr(value, f) for f in value.__struct_fields__}
 
     def bind(self, kwargs: dict[str, Any], context: ToolContext) -> dict[str, Any]:

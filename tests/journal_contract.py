@@ -18,7 +18,7 @@ import pytest
 
 import boundloop as bl
 from boundloop import events as ev
-from boundloop.journal.base import Journal, OwnerRecord
+from boundloop.journal.base import Fence, Journal, OwnerRecord
 
 # -- event factories -------------------------------------------------------------------
 
@@ -224,9 +224,46 @@ class JournalContract:
         journal.append("child", 1, [finished("child", ts=1234.5, status="limit_exceeded")])
         info = journal.info("child")
         assert (info.last_seq, info.status, info.finished_ts) == (2, "limit_exceeded", 1234.5)
-        journal.append("child", 2, [ev.RunResumed(run_id="child", owner="other:1:y")])
+        assert info.epoch == 1
+        journal.append("child", 2, [ev.OwnerClaimed(run_id="child", owner="other:1:y", epoch=2),
+                                    ev.RunResumed(run_id="child", owner="other:1:y")])
         info = journal.info("child")
-        assert (info.status, info.finished_ts, info.owner) == (None, None, "other:1:y")
+        assert (info.status, info.finished_ts, info.owner, info.epoch) == \
+            (None, None, "other:1:y", 2)
+
+    # -- fencing (SPEC 6): owner and epoch checked in the same write as the sequence --------
+    def test_a_fenced_append_by_the_owner_at_its_epoch_is_stored(self, journal: Journal) -> None:
+        journal.append("r", 0, [admitted("r", owner="A")], Fence("A", 1))
+        assert journal.append("r", 1, [step("r", 1)], Fence("A", 1)) == 2
+        assert journal.info("r").epoch == 1
+
+    def test_an_append_fenced_by_a_lost_owner_stores_nothing(self, journal: Journal) -> None:
+        journal.append("r", 0, [admitted("r", owner="A")])
+        journal.append("r", 1, [ev.OwnerClaimed(run_id="r", owner="B", epoch=2)])
+        for fence in (Fence("A", 1), Fence("A", 2), Fence("B", 1)):
+            with pytest.raises(bl.LeaseLost):
+                journal.append("r", 2, [step("r", 1)], fence)
+        # A stale owner with a stale sequence hears LeaseLost, not a sequence conflict.
+        with pytest.raises(bl.LeaseLost):
+            journal.append("r", 1, [step("r", 1)], Fence("A", 1))
+        info = journal.info("r")
+        assert (info.last_seq, info.owner, info.epoch) == (2, "B", 2)
+        assert [type(e).__name__ for e in journal.events("r")] == ["RunAdmitted",
+                                                                   "OwnerClaimed"]
+        assert journal.append("r", 2, [step("r", 1)], Fence("B", 2)) == 3
+
+    def test_claims_move_the_epoch_one_at_a_time(self, journal: Journal) -> None:
+        journal.append("r", 0, [admitted("r", owner="A")])
+        with pytest.raises(bl.SequenceConflict):
+            journal.append("r", 1, [ev.OwnerClaimed(run_id="r", owner="B", epoch=3)])
+        journal.append("r", 1, [ev.OwnerClaimed(run_id="r", owner="B", epoch=0)])  # "next"
+        assert (journal.info("r").owner, journal.info("r").epoch) == ("B", 2)
+        # Two claims of the same epoch: the second one conflicts and stores nothing.
+        journal.append("r", 2, [ev.OwnerClaimed(run_id="r", owner="C", epoch=3)])
+        with pytest.raises(bl.SequenceConflict):
+            journal.append("r", 2, [ev.OwnerClaimed(run_id="r", owner="D", epoch=3)])
+        assert (journal.info("r").owner, journal.info("r").epoch, journal.info("r").last_seq) \
+            == ("C", 3, 3)
 
     def test_unknown_run_is_a_key_error(self, journal: Journal) -> None:
         with pytest.raises(KeyError):

@@ -35,7 +35,8 @@ EXPECTED = {
     "Clock", "FakeClock",
     # errors
     "BoundloopError", "ConfigError", "JournalError", "JournalUnavailable", "JournalCorrupt",
-    "SequenceConflict", "AdmissionError", "UnknownRun", "RecoveryError", "RunnerClosed",
+    "SequenceConflict", "LeaseLost", "AdmissionError", "UnknownRun", "RecoveryError",
+    "RunnerClosed",
 }
 
 

@@ -200,7 +200,8 @@ class ExecutorActor(pykka.ThreadingActor):
     def _gate(self, d: Dispatch) -> decide.SkipReason | None:
         return decide.dispatch_gate(
             recordable=d.recordable is None or d.recordable(), cancelled=d.cancel.cancelled,
-            deadline_passed=d.deadline is not None and d.clock.monotonic() >= d.deadline)
+            deadline_passed=d.deadline is not None and d.clock.monotonic() >= d.deadline,
+            leased=d.leased is None or d.leased())
 
     def _fill(self, bid: int, batch: _Batch) -> None:
         limit = batch.dispatch.max_parallel or len(batch.calls)
@@ -231,7 +232,7 @@ class ExecutorActor(pykka.ThreadingActor):
         child = None if d.run_child is None or d.parent is None else \
             _bind(d.run_child, d.parent, p.execution_id)
         ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, call.attempt,
-                          d.deadline, d.cancel, child)
+                          d.deadline, d.cancel, d.epoch, child)
         call.generation += 1
         call.stage = "launched"
         call.started[0] = 0.0
@@ -407,7 +408,7 @@ class ExecutorActor(pykka.ThreadingActor):
 
 
 _WHY = {"journal": "the journal could record nothing more", "cancelled": "the run was cancelled",
-        "deadline": "the deadline passed"}
+        "deadline": "the deadline passed", "lease": "this runner's lease ran out"}
 
 
 def _bind(run_child: Callable[..., Any], parent: Any, execution_id: str) -> Callable[..., Any]:

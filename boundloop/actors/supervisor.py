@@ -27,8 +27,8 @@ from boundloop import events as ev
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers, tell
-from boundloop.errors import JournalUnavailable
-from boundloop.journal.base import Journal
+from boundloop.errors import JournalUnavailable, LeaseLost
+from boundloop.journal.base import Fence, Journal
 from boundloop.loop import (
     Attempt,
     CallUser,
@@ -209,13 +209,17 @@ class SupervisorActor(pykka.ThreadingActor):
                 def committed(err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, None, err, count, generation))
 
-                self.journal.submit(run_id, run.seq, events, committed)
+                self.journal.submit(run_id, run.seq, events, committed, self._fence(run))
             case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
                 self._call_user(run_id, run, fn, args, deadline, cancel)
             case InvokeModel() if self.journal.closed:
                 # Fail closed: no model step the journal could not record.
                 self._advance(run_id, run, None, JournalUnavailable(
                     "the journal was closed; the model was not called"))
+            case InvokeModel() if not self._leased(run):
+                self._advance(run_id, run, None, LeaseLost(
+                    "this runner's lease ran out (was the process paused?): it fenced itself "
+                    "and did not call the model; another runner may take the run over"))
             case InvokeModel(model=model, history=history, ctx=ctx):
                 self._call_user(run_id, run, model, (history, ctx), ctx.deadline, ctx.cancel)
             case Ledger():
@@ -227,6 +231,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 if isinstance(effect, Dispatch):
                     journal = self.journal
                     effect.recordable = lambda: not journal.closed
+                    effect.leased = run.driver.spec.lease_ok
                     effect.record = lambda eid, attempt, before, done: tell(
                         me, _RecordAttempt(run_id, eid, attempt, before, done))
 
@@ -315,4 +320,17 @@ class SupervisorActor(pykka.ThreadingActor):
 
         seq = run.seq
         run.seq += len(events)
-        self.journal.submit(m.run_id, seq, events, committed)
+        self.journal.submit(m.run_id, seq, events, committed, self._fence(run))
+
+    @staticmethod
+    def _fence(run: _Run) -> Fence | None:
+        """Every append of a run is fenced by its owner and epoch (SPEC 6); the admission
+        has no owner to check yet (a run id taken meanwhile is a sequence conflict)."""
+        if run.seq == 0:
+            return None
+        return Fence(run.driver.spec.owner, run.driver.state.epoch)
+
+    @staticmethod
+    def _leased(run: _Run) -> bool:
+        lease_ok = run.driver.spec.lease_ok
+        return lease_ok is None or lease_ok()

@@ -27,30 +27,65 @@ class RunInfo(msgspec.Struct):
     finished_ts: float | None = None
     parent_run_id: str | None = None
     owner: str = ""
+    #: The ownership epoch: 1 at admission, one more at each claim (SPEC 6).
+    epoch: int = 0
+
+
+class Fence(msgspec.Struct, frozen=True):
+    """Who may append to a run: the owner at its epoch. An append fenced by another owner
+    or an older epoch stores nothing and fails with LeaseLost."""
+
+    owner: str
+    epoch: int
 
 
 class OwnerRecord(msgspec.Struct, frozen=True):
-    """A runner process that drives runs: how to tell whether it is still there."""
+    """A runner process that drives runs: how to tell whether it is still there.
+
+    ``boot_id`` and ``pidns`` say which machine boot and which pid namespace ``pid`` is
+    from: the process check is used only when both match the reader's own (SPEC 6).
+    """
 
     owner: str
     pid: int
     host: str
     started: float
     lease_until: float
+    boot_id: str = ""
+    pidns: str = ""
 
 
 def valid_run_id(run_id: object) -> bool:
     """True when ``run_id`` can name a run (see ``check_run_id``)."""
-    return isinstance(run_id, str) and bool(run_id) and "\x00" not in run_id \
-        and len(run_id.encode()) <= 256
+    if not isinstance(run_id, str) or not run_id or "\x00" in run_id:
+        return False
+    try:
+        return len(run_id.encode()) <= 256
+    except UnicodeEncodeError:
+        return False
 
 
 def check_run_id(run_id: object) -> str:
-    """``run_id`` if it can name a run, else ConfigError saying why."""
-    if not isinstance(run_id, str) or not run_id:
-        raise ConfigError(f"a run id must be a non-empty string, got {run_id!r}")
-    if not valid_run_id(run_id):
-        raise ConfigError("a run id must have no NUL character and at most 256 bytes")
+    """``run_id`` if it can name a run (a non-empty string of valid Unicode without NUL, at
+    most 256 bytes of UTF-8), else ConfigError saying why and what to do."""
+    if not isinstance(run_id, str):
+        raise ConfigError(f"a run id must be a string, got {type(run_id).__name__}; pass "
+                          "run_id=None to have one generated")
+    if not run_id:
+        raise ConfigError("a run id must not be empty; pass run_id=None to have one "
+                          "generated")
+    try:
+        size = len(run_id.encode())
+    except UnicodeEncodeError as exc:
+        raise ConfigError(f"a run id must be valid Unicode text, but this one holds a lone "
+                          f"surrogate at position {exc.start} (often from a file name or "
+                          "bytes decoded with errors='surrogateescape'); decode it with "
+                          "errors='replace', or use another id") from None
+    if "\x00" in run_id:
+        raise ConfigError("a run id must not contain a NUL character; use another id")
+    if size > 256:
+        raise ConfigError(f"a run id may be at most 256 bytes of UTF-8, and this one has "
+                          f"{size}; use a shorter id (a hash of a long one, for example)")
     return run_id
 
 
@@ -58,15 +93,26 @@ class Journal(abc.ABC):
     """An append-only log of events per run, with an index of runs and their owners."""
 
     @abc.abstractmethod
-    def submit(self, run_id: str, expected_seq: int, events: Sequence[Event], done: Done) -> None:
+    def submit(self, run_id: str, expected_seq: int, events: Sequence[Event], done: Done,
+               fence: Fence | None = None) -> None:
         """Queue ``events`` for appending after ``expected_seq``; ``done`` is called once they
-        are durable (with None) or were refused (with the error). A sequence conflict stores
-        nothing of this append. Concurrent submissions share one durable commit."""
+        are durable (with None) or were refused (with the error). Concurrent submissions
+        share one durable commit.
 
-    def append(self, run_id: str, expected_seq: int, events: Sequence[Event]) -> int:
+        In the same write transaction as the events, the backend checks, in order: the
+        ``fence`` (when given, the run's owner and epoch must be the fence's, else
+        ``LeaseLost``), then the sequence (else ``SequenceConflict``). A refused append
+        stores nothing. Events that change ownership move it as they are written:
+        ``RunAdmitted`` makes its owner the owner at epoch 1; ``OwnerClaimed`` (whose
+        epoch must be the run's epoch + 1, or 0 for "the next one") makes its owner the
+        owner at that epoch."""
+
+    def append(self, run_id: str, expected_seq: int, events: Sequence[Event],
+               fence: Fence | None = None) -> int:
         """Append ``events`` durably after ``expected_seq`` and return the new last sequence.
 
         Raises:
+            LeaseLost: ``fence`` no longer owns the run; nothing stored.
             SequenceConflict: the run's last sequence is not ``expected_seq``; nothing stored.
             JournalUnavailable: the journal cannot record anything.
         """
@@ -77,7 +123,7 @@ class Journal(abc.ABC):
             box.append(err)
             flag.set()
 
-        self.submit(run_id, expected_seq, events, done)
+        self.submit(run_id, expected_seq, events, done, fence)
         flag.wait()
         if box[0] is not None:
             raise box[0]

@@ -27,11 +27,13 @@ from boundloop.errors import (
     JournalCorrupt,
     JournalError,
     JournalUnavailable,
+    LeaseLost,
     SequenceConflict,
 )
 from boundloop.journal import codec
 from boundloop.journal.base import (
     Done,
+    Fence,
     Journal,
     OwnerRecord,
     RunInfo,
@@ -94,6 +96,7 @@ class _Request(msgspec.Struct):
     events: Sequence[ev.Event]
     encoded: list[bytes]
     done: Done
+    fence: Fence | None = None
 
 
 class LmdbJournal(Journal):
@@ -110,20 +113,31 @@ class LmdbJournal(Journal):
 
     def __init__(self, path: str | os.PathLike[str], *, sync: bool = True,
                  map_size: int = 1 << 30, max_map_size: int = 1 << 40,
-                 max_readers: int = 1024, create: bool = True) -> None:
+                 max_readers: int = 1024, create: bool = True, readonly: bool = False) -> None:
         self.path = Path(path)
+        self.readonly = readonly
+        data = self.path / "data.mdb"
         if not self.path.exists():
-            if not create:
+            if not create or readonly:
                 raise JournalUnavailable(f"no journal at {self.path}; run a command that "
                                          "creates one, or pass the right --journal")
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            # Parents made on the way are private too, whatever the umask.
+            os.chmod(self.path, 0o700)
         elif not self.path.is_dir():
             raise ConfigError(f"{self.path} is not a directory; a journal is a directory")
-        if not (self.path / "data.mdb").exists():
+        if data.exists() and data.stat().st_size == 0:
+            raise JournalCorrupt(f"{data} is empty: this is not a journal (a damaged or "
+                                 "truncated copy?); restore it from a backup or point "
+                                 "--journal at another directory")
+        if not data.exists():
+            if not create or readonly:
+                raise JournalUnavailable(f"{self.path} holds no journal (no data.mdb); pass "
+                                         "the right --journal or set $BOUNDLOOP_JOURNAL")
             # A new journal: its directory becomes private, whatever the umask. An existing
             # journal's directory is left as its owner set it.
             os.chmod(self.path, 0o700)
-        self._key = self._load_key()
+        self._key = self._read_key() if readonly else self._load_key()
         self.pid = os.getpid()
         self._closed = False
         self._real = os.path.realpath(self.path)
@@ -136,24 +150,29 @@ class LmdbJournal(Journal):
                     "boundloop.journal.lmdb.acquire()")
             _opened[self._real] = self
         try:
-            self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=8, sync=sync,
-                                  max_readers=max_readers, mode=0o600, subdir=True)
-        except lmdb.Error as exc:
+            if readonly:
+                # Never a write transaction, never a new file: reader slots in a lock file
+                # that already exists are all a reader touches (none without one).
+                self._env = lmdb.open(str(self.path), max_dbs=8, readonly=True,
+                                      lock=(self.path / "lock.mdb").exists(),
+                                      max_readers=max_readers, subdir=True, create=False)
+            else:
+                self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=8,
+                                      sync=sync, max_readers=max_readers, mode=0o600,
+                                      subdir=True)
+            self._open_dbs()
+        except (lmdb.Error, OSError) as exc:
             with _opened_lock:
                 _opened.pop(self._real, None)
             self._closed = True
-            raise JournalUnavailable(f"cannot open the journal at {self.path}: {exc}") from None
-        # Readers left behind by processes that died would pin old pages forever.
-        self._env.reader_check()
-        self._events = self._env.open_db(b"events")
-        self._runs = self._env.open_db(b"runs")
-        self._order = self._env.open_db(b"order")
-        self._open = self._env.open_db(b"open")
-        self._owners = self._env.open_db(b"owners")
-        self._meta = self._env.open_db(b"meta")
-        for name in OWN_FILES:
-            if (self.path / name).exists():
-                os.chmod(self.path / name, 0o600)
+            if getattr(self, "_env", None) is not None:
+                self._env.close()
+            what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise JournalUnavailable(f"cannot open the journal at {self.path}: {what}") from None
+        if not readonly:
+            for name in OWN_FILES:
+                if (self.path / name).exists():
+                    os.chmod(self.path / name, 0o600)
         self.sync = sync
         self._max_map_size = max(max_map_size, map_size)
         self._gate = _Gate()
@@ -162,9 +181,36 @@ class LmdbJournal(Journal):
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="boundloop-journal",
                                         daemon=True)
-        self._writer.start()
+        if not readonly:
+            self._writer.start()
+
+    def _open_dbs(self) -> None:
+        for attempt in range(3):
+            try:
+                if not self.readonly:
+                    # Readers left behind by processes that died would pin old pages.
+                    self._env.reader_check()
+                dbs = [self._env.open_db(name, create=not self.readonly)
+                       for name in (b"events", b"runs", b"order", b"open", b"owners", b"meta")]
+                break
+            except lmdb.MapResizedError:
+                # Another process grew the map meanwhile: adopt its size and try again.
+                if attempt == 2:
+                    raise
+                self._env.set_mapsize(0)
+            except lmdb.NotFoundError:
+                raise JournalCorrupt(f"{self.path} is an LMDB environment but not a boundloop "
+                                     "journal (its tables are missing)") from None
+        self._events, self._runs, self._order, self._open, self._owners, self._meta = dbs
 
     # -- keys and lifecycle ------------------------------------------------------------
+    def _read_key(self) -> bytes:
+        path = self.path / KEY_FILE
+        try:
+            return path.read_bytes()
+        except OSError:
+            return b""  # a reader never digests anything
+
     def _load_key(self) -> bytes:
         path = self.path / KEY_FILE
         if not path.exists():
@@ -196,7 +242,9 @@ class LmdbJournal(Journal):
     def closed(self) -> bool:
         return self._closed
 
-    def _usable(self) -> None:
+    def _usable(self, write: bool = False) -> None:
+        if write and self.readonly:
+            raise JournalUnavailable(f"the journal at {self.path} was opened read-only")
         if self._closed:
             raise JournalUnavailable(f"the journal at {self.path} is closed; open it again")
         if os.getpid() != self.pid:
@@ -211,7 +259,7 @@ class LmdbJournal(Journal):
                 return
             self._closed = True
         self._queue.put(None)
-        if threading.current_thread() is not self._writer:
+        if self._writer.is_alive() and threading.current_thread() is not self._writer:
             self._writer.join()  # its last commit ends before the environment does
         with self._gate.exclusive():  # and so does every read in flight
             self._env.close()
@@ -221,7 +269,7 @@ class LmdbJournal(Journal):
 
     # -- writing -----------------------------------------------------------------------
     def submit(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
-               done: Done) -> None:
+               done: Done, fence: Fence | None = None) -> None:
         try:
             check_run_id(run_id)
             events = list(events)
@@ -232,11 +280,11 @@ class LmdbJournal(Journal):
             except (TypeError, ValueError, OverflowError) as exc:
                 raise JournalError(f"an event of run {run_id!r} cannot be stored "
                                    f"({type(exc).__name__}: {exc})") from None
-            request = _Request(run_id, expected_seq, events, encoded, done)
+            request = _Request(run_id, expected_seq, events, encoded, done, fence)
             # Under the lock, so close() cannot slip in between the check and the put: a
             # request queued before close's sentinel is always answered by the writer.
             with self._lock:
-                self._usable()
+                self._usable(write=True)
                 self._queue.put(request)
         except Exception as exc:
             done(exc)
@@ -352,6 +400,13 @@ class LmdbJournal(Journal):
         raw = txn.get(req.run_id.encode(), db=self._runs)
         info = _info_dec.decode(raw) if raw is not None else None
         last = info.last_seq if info is not None else 0
+        fence = req.fence
+        if fence is not None and info is not None and (
+                info.owner != fence.owner or info.epoch != fence.epoch):
+            # Checked where the rows are written: a runner that lost the run stores nothing.
+            return LeaseLost(f"run {req.run_id!r} is owned by {info.owner!r} at epoch "
+                             f"{info.epoch}, not by {fence.owner!r} at epoch {fence.epoch}; "
+                             "this runner stopped driving it")
         if last != req.expected_seq:
             return SequenceConflict(f"run {req.run_id!r} is at sequence {last}, not "
                                     f"{req.expected_seq}; another writer appended first")
@@ -370,9 +425,13 @@ class LmdbJournal(Journal):
             match event:
                 case ev.RunAdmitted():
                     info.parent_run_id = event.parent_run_id
-                    info.owner = event.owner
-                case ev.OwnerClaimed() | ev.RunResumed() if event.owner:
-                    info.owner = event.owner
+                    info.owner, info.epoch = event.owner, 1
+                case ev.OwnerClaimed():
+                    epoch = event.epoch or info.epoch + 1
+                    if epoch != info.epoch + 1:
+                        return SequenceConflict(f"run {req.run_id!r} is at epoch {info.epoch}; "
+                                                f"a claim of epoch {epoch} came too late")
+                    info.owner, info.epoch = event.owner, epoch
                 case _:
                     pass
             if isinstance(event, ev.RunFinished):
@@ -437,7 +496,7 @@ class LmdbJournal(Journal):
 
         LMDB serialises write transactions, so this simply waits for the writer thread's.
         """
-        self._usable()
+        self._usable(write=True)
         try:
             with self._txn(write=True) as txn:
                 return fn(txn)

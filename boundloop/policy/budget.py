@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from typing import Annotated, Any
 
 import msgspec
@@ -11,6 +12,24 @@ from boundloop.errors import ConfigError
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
+
+#: The largest whole-number limit (a signed 64-bit integer: what every journal can store).
+MAX_WHOLE = 2 ** 63 - 1
+#: The longest deadline, timeout or backoff, in seconds (about 31 years): beyond this,
+#: timers cannot wait (``threading.TIMEOUT_MAX`` is about 9.2e9 s).
+MAX_SECONDS = 1e9
+
+
+def bad_seconds(value: Any, *, zero_ok: bool) -> bool:
+    """True when ``value`` is not a number of seconds from 0 (above 0 unless ``zero_ok``)
+    to ``MAX_SECONDS``: a non-number, NaN, infinity, or out of range."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return True
+    if isinstance(value, int):
+        return value < 0 or (value == 0 and not zero_ok) or value > MAX_SECONDS
+    if not math.isfinite(value):
+        return True
+    return value < 0 or (value == 0 and not zero_ok) or value > MAX_SECONDS
 
 
 class Usage(msgspec.Struct, frozen=True):
@@ -99,12 +118,37 @@ _INTEGERS = {"max_model_steps", "max_tool_calls", "max_parallel", "max_input_tok
 _REQUIRED = {"max_model_steps", "max_tool_calls"}
 
 
+def _limit_problem(name: str, value: Any, minimum: float) -> str | None:
+    """What a valid value of the limit ``name`` is, when ``value`` is not one."""
+    unbounded = "" if name in _REQUIRED else " (or None for no limit)"
+    if name in _INTEGERS:
+        if isinstance(value, int) and not isinstance(value, bool):
+            if minimum <= value <= MAX_WHOLE:
+                return None
+            return f"at least {minimum:.0f} and at most {MAX_WHOLE} (2**63 - 1){unbounded}"
+        kind = "a whole number" if isinstance(value, float) else "a number"
+        return f"{kind} from {minimum:.0f} to {MAX_WHOLE} (2**63 - 1){unbounded}"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"a number{unbounded}"
+    if name == "deadline_s":
+        return None if not bad_seconds(value, zero_ok=False) else \
+            f"above 0 and at most {MAX_SECONDS:.0e} seconds (or None for no deadline)"
+    if not math.isfinite(value) or value < minimum:
+        return f"at least {minimum:.0f} and finite{unbounded}"
+    return None
+
+
 class Budget(msgspec.Struct, frozen=True, kw_only=True):
     """The hard limits of one run (SPEC 5). None means unbounded.
 
+    Whole-number limits go from their minimum to ``MAX_WHOLE`` (2**63 - 1); ``deadline_s``
+    is above 0 and at most ``MAX_SECONDS``; ``max_cost`` is a finite number >= 0 (use None,
+    not infinity, for no limit).
+
     Raises:
-        ConfigError: a limit is not a number, is below its minimum, or (for
-            ``max_model_steps`` and ``max_tool_calls``) is None.
+        ConfigError: a limit is not a number, is NaN or infinite, is out of its range, or
+            (for ``max_model_steps`` and ``max_tool_calls``) is None; the message gives the
+            allowed range.
     """
 
     max_model_steps: int = 6
@@ -127,13 +171,9 @@ class Budget(msgspec.Struct, frozen=True, kw_only=True):
                     raise ConfigError(f"Budget.{name} must be a number, not None: it is always "
                                       "finite")
                 continue
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ConfigError(f"Budget.{name} must be a number, got {value!r}")
-            if name in _INTEGERS and not isinstance(value, int):
-                raise ConfigError(f"Budget.{name} must be a whole number, got {value!r}")
-            if math.isnan(value) or value < minimum or (name == "deadline_s" and value <= 0):
-                bound = "above 0" if name == "deadline_s" else f"at least {minimum}"
-                raise ConfigError(f"Budget.{name} must be {bound}, got {value!r}")
+            problem = _limit_problem(name, value, minimum)
+            if problem is not None:
+                raise ConfigError(f"Budget.{name} must be {problem}, got {value!r}")
         if not isinstance(self.reserve_final_step, bool):
             raise ConfigError("Budget.reserve_final_step must be True or False")
 
@@ -253,7 +293,11 @@ def within_tree(budget: Budget, tool_calls: int, usage: Usage, left: TreeLeft) -
     def cap(own: Any, used: float, room: Any) -> Any:
         if room is None:
             return own
-        return used + room if own is None else min(own, used + room)
+        # Clamped: the narrowed budget must stay a valid Budget (whole limits <= MAX_WHOLE,
+        # the cost finite).
+        most = min(used + room, MAX_WHOLE if isinstance(room, int) and isinstance(used, int)
+                   else sys.float_info.max)
+        return most if own is None else min(own, most)
 
     return msgspec.structs.replace(
         budget,

@@ -9,8 +9,9 @@ import msgspec
 
 from boundloop.messages import CallTools, Final, Response
 from boundloop.policy.budget import Budget, Usage, exceeded
-from boundloop.policy.redact import storable
+from boundloop.policy.redact import journal_safe, storable
 from boundloop.policy.replay import RunState
+from boundloop.policy.safe_text import describe_exception
 
 
 class Stop(msgspec.Struct, frozen=True):
@@ -108,9 +109,9 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
     if read_only_runner and not tool_read_only:
         return "denied", f"this runner is read-only and tool {name!r} is not marked read_only"
     if isinstance(verdict, BaseException):
-        return "denied", f"the permission check raised {type(verdict).__name__}: {verdict}"
+        return "denied", f"the permission check raised {describe_exception(verdict)}"
     if verdict is not None and verdict is not True:
-        return "denied", verdict if isinstance(verdict, str) and verdict else \
+        return "denied", journal_safe(verdict) if isinstance(verdict, str) and verdict else \
             "denied by the permission check"
     if invalid is not None:
         return "invalid_arguments", f"invalid arguments for {name!r}: {invalid}"
@@ -158,15 +159,18 @@ def explain(stop: Stop, budget: Budget) -> str:
 
 
 # -- SPEC 5 step 10 and SPEC 6: what the executor may start ------------------------------
-SkipReason = Literal["journal", "cancelled", "deadline"]
+SkipReason = Literal["journal", "lease", "cancelled", "deadline"]
 
 
-def dispatch_gate(*, recordable: bool, cancelled: bool,
-                  deadline_passed: bool) -> SkipReason | None:
-    """SPEC 5.10: may an attempt start now? None, or why not: the journal can record
-    nothing more (fail closed), cancellation or the deadline won before the dispatch."""
+def dispatch_gate(*, recordable: bool, cancelled: bool, deadline_passed: bool,
+                  leased: bool = True) -> SkipReason | None:
+    """SPEC 5.10 and 6: may an attempt start now? None, or why not: the journal can record
+    nothing more (fail closed), this runner's lease lost its safety margin (it fences
+    itself), cancellation or the deadline won before the dispatch."""
     if not recordable:
         return "journal"
+    if not leased:
+        return "lease"
     if cancelled:
         return "cancelled"
     if deadline_passed:

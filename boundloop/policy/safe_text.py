@@ -2,26 +2,43 @@
 
 from __future__ import annotations
 
+import re
+
 #: The longest exception description kept (the rest is cut with an ellipsis).
 MAX_TEXT = 2000
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 
 def _storable(text: str) -> str:
-    # Lone surrogates cannot be encoded as UTF-8 (nor stored); replace them.
-    return text.encode("utf-8", "replace").decode("utf-8")
+    # Lone surrogates cannot be encoded as UTF-8 (nor stored): U+FFFD stands for each.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
 
 
 def describe_exception(exc: BaseException) -> str:
-    """``"TypeName: message"`` for an exception, whatever its ``__str__`` does (raises,
-    returns a non-string, loops): never raises, storable, at most ``MAX_TEXT`` characters."""
+    """``"TypeName: message"`` for an exception (``"TypeName"`` when its message is empty),
+    whatever its ``__str__`` does: when that raises or returns a non-string, the text is
+    ``"TypeName (its message could not be read: <what it raised>)"``. Never raises (only a
+    KeyboardInterrupt, a person's Ctrl-C, is let through); the result is storable (lone
+    surrogates become U+FFFD) and at most ``MAX_TEXT`` characters.
+    """
     name = type(exc).__name__
     try:
         message = str(exc)
-        if not isinstance(message, str):  # pragma: no cover - str() enforces str
-            raise TypeError
-    except Exception as inner:  # noqa: BLE001 - the description must not fail
-        message = f"(its message could not be read: {type(inner).__name__})"
-    text = f"{name}: {message}" if message else name
-    if len(text) > MAX_TEXT:
-        text = text[:MAX_TEXT - 1] + "…"
-    return _storable(text)
+        # A str subclass may override formatting or slicing: keep a plain str copy.
+        message = str.__str__(message)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as inner:  # noqa: BLE001 - the description must not fail
+        text = f"{name} (its message could not be read: {type(inner).__name__})"
+    else:
+        text = f"{name}: {message}" if message else name
+    return _storable(_cut(text, MAX_TEXT))
