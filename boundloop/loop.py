@@ -26,7 +26,6 @@ from boundloop.errors import JournalError, SequenceConflict
 from boundloop.messages import (
     CallMessage,
     CallTools,
-    Final,
     Message,
     ToolCall,
     ToolResultMessage,
@@ -39,11 +38,12 @@ from boundloop.policy.budget import (
     Price,
     Usage,
     default_reservation,
-    exceeded,
     priced,
     remaining,
     within_tree,
 )
+from boundloop.policy.decide import Attempt as Attempt
+from boundloop.policy.kinds import Decision
 from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, journal_safe, plain_result, redact
 from boundloop.policy.replay import RunState, apply
 from boundloop.policy.safe_text import describe_exception
@@ -107,20 +107,6 @@ class ParentLink(msgspec.Struct):
     deadline: float | None
     cancel: CancelToken
     children: threading.Event
-
-
-class Attempt(msgspec.Struct):
-    """One attempt of a call: ``ok``, ``error`` or ``timeout`` (then maybe reconciled)."""
-
-    attempt: int
-    kind: str
-    value: Any = None
-    error: str = ""
-    category: str = ""
-    latency_s: float = 0.0
-    timeout_s: float = 0.0
-    reconciled: bool | None = None
-    reconciled_value: Any = None
 
 
 class Dispatch(msgspec.Struct):
@@ -258,10 +244,6 @@ def needs_review_internal(detail: str) -> decide.Stop:
     return decide.Stop("needs_review", detail=detail)
 
 
-NOTICE = ("Your last response was malformed ({reason}). Answer with a final response or a "
-          "list of tool calls.")
-
-
 class Driver:
     """One run's orchestration: ``run()`` is the generator of effects; the supervisor may
     also ask it for the events of an attempt that starts mid-batch (``attempt_events``)
@@ -305,16 +287,20 @@ class Driver:
         self.pending.append(event)
         return event
 
-    def attempt_event(self, execution_id: str, attempt: int) -> ev.Event:
-        """The CallDispatched of an attempt that starts after its round's commit (a retry,
-        a call queued behind max_parallel); folded by ``fold`` once it is durable."""
-        return ev.CallDispatched(run_id=self.spec.run_id, ts=self.clock.time(),
-                                 elapsed_s=self.elapsed(), execution_id=execution_id,
-                                 attempt=attempt)
+    def now(self) -> decide.Now:
+        """The decider's clock and id inputs, read once per decision."""
+        return decide.Now(self.spec.run_id, self.clock.time(), self.elapsed())
 
-    def fold(self, event: ev.Event) -> None:
-        """Fold an event the supervisor made durable on the run's behalf."""
-        apply(self.state, event)
+    def take(self, events: list[ev.Event]) -> list[ev.Event]:
+        """Record what the decider decided: each event in its journal form (redacted) is
+        folded into the live state and queued for the next commit."""
+        out = []
+        for event in events:
+            event = self._for_journal(event)
+            apply(self.state, event)
+            self.pending.append(event)
+            out.append(event)
+        return out
 
     def _redact(self, tool_name: str, value: Any) -> tuple[Any, bool]:
         tool = self.spec.tools.get(tool_name)
@@ -506,14 +492,9 @@ class Driver:
             # as its durable events left it, for recovery to resolve and resume.
             return self.unavailable(stop.detail)
         yield from self.settle_ledger(close=True)
-        if stop.status == "cancelled" and self.spec.cancel.reason:
-            stop = msgspec.structs.replace(stop, detail=journal_safe(
-                f"Reason: {self.spec.cancel.reason}. {stop.detail}".strip()))
-        explanation = decide.explain(stop, self.current)
-        st = self.state
-        self.emit(ev.RunFinished, status=stop.status, exhausted_limit=stop.limit,
-                  explanation=explanation, model_steps=st.model_steps,
-                  tool_calls=st.tool_calls, usage=st.usage)
+        self.take([decide.run_finished(self.state, stop, self.current,
+                                       cancel_reason=self.spec.cancel.reason,
+                                       now=self.now())])
         try:
             yield from self.commit()
         except JournalError as exc:
@@ -578,9 +559,9 @@ class Driver:
         if stop is not None:
             return stop
         was_final_only = decide.final_only(st, budget)
-        allowed = decide.tools_allowed(st, budget)
-        step = st.model_steps + 1
-        self.emit(ev.ModelStepStarted, step=step, tools_allowed=allowed, reservation=reservation)
+        started = self.take([decide.start_step(st, budget, reservation, self.now())])[0]
+        assert isinstance(started, ev.ModelStepStarted)
+        step, allowed = started.step, started.tools_allowed
         ctx = ModelContext(
             run_id=spec.run_id, step=step, tools_allowed=allowed,
             tools=_schemas_decoder.decode(self.schemas),  # its own copy: the model may edit it
@@ -588,51 +569,15 @@ class Driver:
                                 st.usage - reservation, self.elapsed()),
             deadline=self.deadline, cancel=spec.cancel)
         reply = yield InvokeModel(spec.model, copy_history(st.transcript), ctx)
-        if reply.abandoned == "deadline":
-            # SPEC 5: the deadline is a wall; the step counts and its reservation stands.
-            self.emit(ev.ModelStepFailed, step=step, reason="deadline",
-                      detail="the model ran on past the deadline and was abandoned",
-                      latency_s=reply.latency_s)
-            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
-            return decide.Stop("limit_exceeded", "deadline",
-                               "The model call still in flight was abandoned.")
-        if reply.abandoned == "cancelled":
-            self.emit(ev.ModelStepFailed, step=step, reason="cancelled",
-                      detail="the model call never started", latency_s=reply.latency_s)
-            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
-            return decide.Stop("cancelled", detail="The model call was not started.")
-        if reply.error is not None:
-            detail = journal_safe(describe_exception(reply.error))
-            self.emit(ev.ModelStepFailed, step=step, reason="error", detail=detail,
-                      latency_s=reply.latency_s)
-            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
-            return decide.Stop("model_error", detail=detail)
-        if spec.cancel.cancelled:
-            self.emit(ev.ModelStepFailed, step=step, reason="cancelled",
-                      detail="the response was discarded", latency_s=reply.latency_s)
-            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
-            return decide.Stop("cancelled", detail="The model's last response was discarded.")
-        parsed = decide.parse_response(reply.response)
-        if isinstance(parsed, decide.Malformed):
-            self.emit(ev.ModelStepFailed, step=step, reason="malformed", detail=parsed.reason,
-                      latency_s=reply.latency_s)
-            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
-            retries = budget.malformed_retries
-            if retries is None or st.malformed <= retries:
-                self.emit(ev.NoticeAdded, text=NOTICE.format(reason=parsed.reason))
-                return None
-            return decide.Stop("malformed_response", detail=parsed.reason)
-        self.emit(ev.ModelStepCompleted, step=step, response=parsed, latency_s=reply.latency_s)
-        if parsed.usage is not None:
-            self.emit(ev.UsageCharged, step=step, usage=priced(parsed.usage, spec.price))
-        else:
-            self.emit(ev.UsageCharged, step=step, usage=reservation, estimated=True)
-        if isinstance(parsed, Final):
-            return decide.Stop("final")
-        limit = exceeded(budget, st.usage)
-        if limit is not None:
-            return decide.Stop("limit_exceeded", limit,
-                               "No call of the last response was dispatched.")
+        error = None if reply.error is None else journal_safe(describe_exception(reply.error))
+        replied = decide.model_replied(
+            st, budget, decide.Reply(reply.response, error, reply.latency_s, reply.abandoned),
+            reservation=reservation, cancelled=spec.cancel.cancelled, price=spec.price,
+            now=self.now())
+        self.take(replied.events)
+        if replied.batch is None:
+            return replied.stop
+        parsed = replied.batch
         stop = decide.check_batch(st, budget, parsed, allowed=allowed,
                                   was_final_only=was_final_only)
         if stop is not None:
@@ -644,9 +589,8 @@ class Driver:
                                    "The parent run has too few tool calls left for the batch.")
         return (yield from self.calls(step, parsed, ctx))
 
-    def decide_calls(self, batch: CallTools,
-                     ctx: ModelContext) -> Generator[Effect, Any, list[tuple[str, str,
-                                                                            dict[str, Any]]]]:
+    def decide_calls(self, batch: CallTools, ctx: ModelContext) -> Generator[
+            Effect, Any, list[tuple[Decision, str, dict[str, Any]]]]:
         """(decision, reason, handler kwargs) per call, by ``decide.call_decision``. The
         user's ``permit`` runs on a worker, never on the supervisor's thread."""
         spec = self.spec
@@ -691,30 +635,32 @@ class Driver:
         planned: list[Planned] = []
         skipped: list[str] = []
         decisions = yield from self.decide_calls(batch, ctx)
-        for index, (call, (decision, reason, kwargs)) in enumerate(
+        keys = [idempotency_key(spec.run_id, call.id) for call in batch.calls]
+        plans = []
+        for call, (decision, reason, kwargs) in zip(batch.calls, decisions, strict=True):
+            tool = spec.tools.get(call.name)
+            plans.append(decide.CallPlan(
+                decision, reason,
+                content_of(kwargs) if decision in ("allow", "skipped") else None,
+                read_only=bool(tool and tool.read_only),
+                idempotent=bool(tool and tool.idempotent),
+                irreversible=bool(tool and tool.irreversible)))
+            if decision == "skipped":
+                skipped.append(reason)
+        events = self.take(decide.calls_decided(
+            st, batch, plans, keys=keys, max_parallel=self.budget.max_parallel,
+            parent_step=spec.parent_step, now=self.now()))
+        # The dispatch of the calls that start at once rides the decisions' commit, right
+        # before they go to the executor: a crash from here on shows phase ``dispatched``.
+        # Every later attempt gets its own durable CallDispatched first (SPEC 6).
+        at_once = {e.execution_id for e in events if isinstance(e, ev.CallDispatched)}
+        for index, (call, (decision, _, kwargs)) in enumerate(
                 zip(batch.calls, decisions, strict=True)):
             tool = spec.tools.get(call.name)
-            eid = f"{spec.run_id}:{step}:{index}"
-            key = idempotency_key(spec.run_id, call.id)
-            self.emit(ev.CallDecided, execution_id=eid, idempotency_key=key, step=step,
-                      round=step, index=index, call_id=call.id, tool=call.name,
-                      arguments=call.arguments, decision=decision, reason=reason,
-                      parent_step=spec.parent_step,
-                      read_only=bool(tool and tool.read_only),
-                      idempotent=bool(tool and tool.idempotent),
-                      irreversible=bool(tool and tool.irreversible),
-                      validated=content_of(kwargs) if decision in ("allow", "skipped") else None)
             if decision == "allow" and tool is not None:
-                planned.append(Planned(spec.run_id, eid, key, call.id, tool, kwargs))
-            elif decision == "skipped":
-                skipped.append(reason)
-        # The dispatch of the calls that start at once is recorded in the same commit as the
-        # decisions, right before they go to the executor: a crash from here on shows phase
-        # ``dispatched``. Calls queued behind max_parallel are recorded when they ran.
-        # Later attempts get their own durable CallDispatched from the executor (SPEC 6).
-        for p in planned[:self.budget.max_parallel or len(planned)]:
-            p.recorded = True
-            self.emit(ev.CallDispatched, execution_id=p.execution_id, attempt=1)
+                eid = f"{spec.run_id}:{step}:{index}"
+                planned.append(Planned(spec.run_id, eid, keys[index], call.id, tool, kwargs,
+                                       recorded=eid in at_once))
         try:
             yield from self.commit()
         except JournalError as exc:
@@ -733,26 +679,10 @@ class Driver:
                 skipped.append(outcome.skipped)
         review = [f"{p.tool.name} {p.execution_id}" for p in planned
                   if p.tool.irreversible and st.calls[p.execution_id].status == "outcome_unknown"]
-        if review:
-            # The round stays open (no RoundCompleted): once a person resolves the action,
-            # resume puts the round's results into the history and the run goes on.
-            return needs_review(review)
-        self.emit(ev.RoundCompleted, step=step)
-        if skipped:
-            if "lease" in skipped:
-                return decide.Stop("journal_unavailable",
-                                   detail="This runner's lease ran out during the batch (was "
-                                          "the process paused?); it fenced itself and started "
-                                          "nothing more. Another runner may take the run over.")
-            if "journal" in skipped:
-                return decide.Stop("journal_unavailable",
-                                   detail="The journal became unavailable during the batch; "
-                                          "calls not yet started were not run.")
-            if "cancelled" in skipped or spec.cancel.cancelled:
-                return decide.Stop("cancelled", detail="Calls not yet started were not run.")
-            return decide.Stop("limit_exceeded", "deadline",
-                               "Calls not yet started were not run.")
-        return None
+        ended, stop = decide.round_ended(st, review=review, skipped=skipped,
+                                         cancelled=spec.cancel.cancelled, now=self.now())
+        self.take(ended)
+        return stop
 
     def result_fields(self, value: Any) -> dict[str, Any]:
         """The content, size and digest of a tool result, and its status when not ``ok``
@@ -774,13 +704,8 @@ class Driver:
 
     def reconciled(self, eid: str, attempt: int, took: bool | None, value: Any) -> None:
         """Record what ``reconcile`` said: took effect (with its result) or did not."""
-        if took is True:
-            fields = self.result_fields(value)
-            fields.pop("status", None)  # a reconciled result is never refused for size
-            self.emit(ev.CallReconciled, execution_id=eid, attempt=attempt, took_effect=True,
-                      **fields)
-        elif took is False:
-            self.emit(ev.CallReconciled, execution_id=eid, attempt=attempt, took_effect=False)
+        self.take(decide.reconciled(eid, attempt, took, value, fields_of=self.result_fields,
+                                    now=self.now()))
 
     def record(self, outcome: Outcome) -> None:
         """Record what became of a call, from the attempts not recorded yet."""
@@ -800,38 +725,14 @@ class Driver:
         return batch
 
     def record_attempts(self, eid: str, attempts: list[Attempt], final: bool) -> None:
-        # Every attempt's CallDispatched is already durable and folded (SPEC 6).
         done = self.attempts_recorded.get(eid, 0)
         # An earlier attempt may have taken effect (this run, or before a crash).
-        unknown = eid in self.unknown or self.state.calls[eid].doubt
-        for i in range(done, len(attempts)):
-            att = attempts[i]
-            last = final and i == len(attempts) - 1
-            if att.kind == "ok":
-                self.emit(ev.CallSucceeded, execution_id=eid, attempt=att.attempt,
-                          latency_s=att.latency_s, **self.result_fields(att.value))
-            elif att.kind == "error":
-                self.emit(ev.CallFailed, execution_id=eid, attempt=att.attempt,
-                          error_category=att.category, content=journal_safe(att.error),
-                          latency_s=att.latency_s, retrying=not last)
-                if last and unknown:
-                    # A timeout is never a failure: the earlier attempt may have worked.
-                    self.emit(ev.CallOutcomeUnknown, execution_id=eid, attempt=att.attempt,
-                              content=journal_safe(
-                                  f"an earlier attempt timed out and may have taken "
-                                  f"effect; the last one failed ({att.error})"))
-            else:
-                self.emit(ev.CallTimedOut, execution_id=eid, attempt=att.attempt,
-                          timeout_s=att.timeout_s, latency_s=att.latency_s)
-                if att.reconciled is not None:
-                    self.reconciled(eid, att.attempt, att.reconciled, att.reconciled_value)
-                elif last:
-                    self.emit(ev.CallOutcomeUnknown, execution_id=eid, attempt=att.attempt,
-                              content=att.error or "the call timed out; whether it took "
-                              "effect is not known")
-                unknown = unknown or att.reconciled is not False
+        doubt = eid in self.unknown or self.state.calls[eid].doubt
+        events, doubt = decide.attempt_outcomes(eid, attempts[done:], final=final, doubt=doubt,
+                                                fields_of=self.result_fields, now=self.now())
+        self.take(events)
         self.attempts_recorded[eid] = len(attempts)
-        if unknown:
+        if doubt:
             self.unknown.add(eid)
 
 

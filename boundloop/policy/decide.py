@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any, Literal
+from collections.abc import Callable, Collection
+from typing import Any, Literal, TypedDict
 
 import msgspec
 
+from boundloop import events as ev
 from boundloop.messages import CallTools, Final, Response
-from boundloop.policy.budget import Budget, Usage, exceeded
+from boundloop.policy.budget import Budget, Price, Usage, exceeded, priced
+from boundloop.policy.kinds import Decision
 from boundloop.policy.redact import journal_safe, storable
 from boundloop.policy.replay import RunState
 from boundloop.policy.safe_text import describe_exception
@@ -95,7 +97,7 @@ def check_batch(state: RunState, budget: Budget, calls: CallTools, *,
 
 def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
                   read_only_runner: bool, verdict: Any, invalid: str | None,
-                  deadline_passed: bool, cancelled: bool) -> tuple[str, str]:
+                  deadline_passed: bool, cancelled: bool) -> tuple[Decision, str]:
     """SPEC 5.9, one call, in order: unknown tool, permission, arguments, deadline.
 
     ``verdict`` is what ``permit`` returned (True allows; a non-empty string is the reason
@@ -203,3 +205,264 @@ def may_retry(*, retryable: bool, max_attempts: int, attempts_made: int, allowan
     if not retryable or allowance <= 0 or attempts_made >= max_attempts or gate is not None:
         return False
     return deadline is None or now + delay_s < deadline
+
+
+# -- the decider proper: facts in, events out ----------------------------------------------
+class Attempt(msgspec.Struct):
+    """One attempt of a call as the executor saw it (a raw fact): ``ok``, ``error`` or
+    ``timeout`` (then maybe reconciled)."""
+
+    attempt: int
+    kind: str
+    value: Any = None
+    error: str = ""
+    category: str = ""
+    latency_s: float = 0.0
+    timeout_s: float = 0.0
+    reconciled: bool | None = None
+    reconciled_value: Any = None
+
+
+
+class Now(msgspec.Struct, frozen=True):
+    """What every event carries that the decider may not read for itself (DESIGN rule 3:
+    the clock and ids are inputs)."""
+
+    run_id: str
+    ts: float
+    elapsed_s: float
+
+    def stamp(self) -> _Stamp:
+        """The fields every event takes from ``now``."""
+        return {"run_id": self.run_id, "ts": self.ts, "elapsed_s": self.elapsed_s}
+
+
+class _Stamp(TypedDict):
+    run_id: str
+    ts: float
+    elapsed_s: float
+
+
+class Reply(msgspec.Struct, frozen=True):
+    """A model call's outcome as facts: what it returned, the text of what it raised, or
+    why the runner stopped waiting (``abandoned``)."""
+
+    response: Any = None
+    error: str | None = None
+    latency_s: float = 0.0
+    abandoned: SkipReason | None = None
+
+
+class Replied(msgspec.Struct, frozen=True):
+    """What a model reply leads to: events to record, then either a ``stop``, or a
+    ``batch`` of calls to check and decide, or neither (a malformed retry: next round)."""
+
+    events: list[ev.Event]
+    stop: Stop | None = None
+    batch: CallTools | None = None
+
+
+NOTICE = ("Your last response was malformed ({reason}). Answer with a final response or a "
+          "list of tool calls.")
+
+
+def start_step(state: RunState, budget: Budget, reservation: Usage,
+               now: Now) -> ev.ModelStepStarted:
+    """SPEC 5.2: count the step (with its reservation) before invoking the model; tools
+    are not allowed on the final-only step or once the call budget is spent."""
+    return ev.ModelStepStarted(run_id=now.run_id, ts=now.ts, elapsed_s=now.elapsed_s,
+                               step=state.model_steps + 1,
+                               tools_allowed=tools_allowed(state, budget),
+                               reservation=reservation)
+
+
+def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation: Usage,
+                  cancelled: bool, price: Price | None, now: Now) -> Replied:
+    """SPEC 5 steps 3 to 7, for the step ``state.model_steps`` (already started).
+
+    In order: the deadline wall abandoned the call (its reservation stands, estimated);
+    the model raised (3); cancellation was observed after the response (4: it is
+    discarded); the response is malformed (5: a notice while ``malformed_retries`` remain);
+    else the reported usage replaces the reservation (6), a final response is accepted
+    (7), and a token or cost limit now exceeded keeps any call from being dispatched (6).
+    """
+    step, stamp = state.model_steps, now.stamp()
+
+    def failed(reason: str, detail: str, stop: Stop | None) -> Replied:
+        return Replied([
+            ev.ModelStepFailed(**stamp, step=step, reason=reason, detail=detail,
+                               latency_s=reply.latency_s),
+            ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True)], stop)
+
+    if reply.abandoned == "deadline":
+        return failed("deadline", "the model ran on past the deadline and was abandoned",
+                      Stop("limit_exceeded", "deadline",
+                           "The model call still in flight was abandoned."))
+    if reply.abandoned is not None:
+        return failed("cancelled", "the model call never started",
+                      Stop("cancelled", detail="The model call was not started."))
+    if reply.error is not None:
+        return failed("error", reply.error, Stop("model_error", detail=reply.error))
+    if cancelled:
+        return failed("cancelled", "the response was discarded",
+                      Stop("cancelled", detail="The model's last response was discarded."))
+    parsed = parse_response(reply.response)
+    if isinstance(parsed, Malformed):
+        retries = budget.malformed_retries
+        if retries is None or state.malformed + 1 <= retries:
+            out = failed("malformed", parsed.reason, None)
+            return Replied([*out.events, ev.NoticeAdded(
+                **stamp, text=NOTICE.format(reason=parsed.reason))])
+        return failed("malformed", parsed.reason,
+                      Stop("malformed_response", detail=parsed.reason))
+    events: list[ev.Event] = [ev.ModelStepCompleted(**stamp, step=step, response=parsed,
+                                                    latency_s=reply.latency_s)]
+    usage = state.usage
+    if parsed.usage is not None:
+        charged = priced(parsed.usage, price)
+        events.append(ev.UsageCharged(**stamp, step=step, usage=charged))
+        usage = usage - reservation + charged
+    else:
+        events.append(ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True))
+    if isinstance(parsed, Final):
+        return Replied(events, Stop("final"))
+    limit = exceeded(budget, usage)
+    if limit is not None:
+        return Replied(events, Stop("limit_exceeded", limit,
+                                    "No call of the last response was dispatched."))
+    return Replied(events, batch=parsed)
+
+
+class CallPlan(msgspec.Struct, frozen=True):
+    """One call of a batch as the loop found it (SPEC 5.9's inputs): its decision and
+    reason from ``call_decision``, the validated arguments, and the tool's flags."""
+
+    decision: Decision
+    reason: str
+    validated: Any = None
+    read_only: bool = False
+    idempotent: bool = False
+    irreversible: bool = False
+
+
+def calls_decided(state: RunState, batch: CallTools, plans: list[CallPlan], *,
+                  keys: list[str], max_parallel: int | None, parent_step: int | None,
+                  now: Now) -> list[ev.Event]:
+    """SPEC 5.9 and 6: a durable intent (CallDecided) for every call of the batch, in the
+    model's order, and the CallDispatched of the allowed calls that start at once (the rest
+    get theirs when they start): all of it rides one commit, before any dispatch."""
+    step, stamp = state.model_steps, now.stamp()
+    events: list[ev.Event] = []
+    allowed: list[str] = []
+    for index, (call, plan, key) in enumerate(zip(batch.calls, plans, keys, strict=True)):
+        eid = f"{now.run_id}:{step}:{index}"
+        events.append(ev.CallDecided(
+            **stamp, execution_id=eid, idempotency_key=key, step=step, round=step,
+            index=index, call_id=call.id, tool=call.name, arguments=call.arguments,
+            decision=plan.decision, reason=plan.reason, parent_step=parent_step,
+            read_only=plan.read_only, idempotent=plan.idempotent,
+            irreversible=plan.irreversible, validated=plan.validated))
+        if plan.decision == "allow":
+            allowed.append(eid)
+    at_once = allowed[:max_parallel] if max_parallel else allowed
+    events.extend(ev.CallDispatched(**stamp, execution_id=eid, attempt=1) for eid in at_once)
+    return events
+
+
+def round_ended(state: RunState, *, review: list[str], skipped: list[str], cancelled: bool,
+                now: Now) -> tuple[list[ev.Event], Stop | None]:
+    """SPEC 5.10-11: once every call of the round has an outcome, its calls and results
+    enter the history in the model's order (RoundCompleted) and the loop goes on, unless an
+    irreversible action's outcome is unknown (``needs_review``: the round stays open until
+    a person resolves it), or calls were kept from running (why decides the status)."""
+    if review:
+        return [], Stop("needs_review", detail="Unresolved: " + "; ".join(review) + ".")
+    events: list[ev.Event] = [ev.RoundCompleted(run_id=now.run_id, ts=now.ts,
+                                                elapsed_s=now.elapsed_s,
+                                                step=state.model_steps)]
+    if not skipped:
+        return events, None
+    if "lease" in skipped:
+        return events, Stop("journal_unavailable",
+                            detail="This runner's lease ran out during the batch (was the "
+                                   "process paused?); it fenced itself and started nothing "
+                                   "more. Another runner may take the run over.")
+    if "journal" in skipped:
+        return events, Stop("journal_unavailable",
+                            detail="The journal became unavailable during the batch; calls "
+                                   "not yet started were not run.")
+    if "cancelled" in skipped or cancelled:
+        return events, Stop("cancelled", detail="Calls not yet started were not run.")
+    return events, Stop("limit_exceeded", "deadline", "Calls not yet started were not run.")
+
+
+def run_finished(state: RunState, stop: Stop, budget: Budget, *, cancel_reason: str,
+                 now: Now) -> ev.RunFinished:
+    """SPEC 6: the run ends with a RunFinished carrying the RunResult's status, limit,
+    explanation and counters."""
+    if stop.status == "cancelled" and cancel_reason:
+        stop = msgspec.structs.replace(stop, detail=journal_safe(
+            f"Reason: {cancel_reason}. {stop.detail}".strip()))
+    return ev.RunFinished(run_id=now.run_id, ts=now.ts, elapsed_s=now.elapsed_s,
+                          status=stop.status, exhausted_limit=stop.limit,
+                          explanation=explain(stop, budget), model_steps=state.model_steps,
+                          tool_calls=state.tool_calls, usage=state.usage)
+
+
+FieldsOf = Callable[[Any], dict[str, Any]]
+
+
+def reconciled(execution_id: str, attempt: int, took: bool | None, value: Any, *,
+               fields_of: FieldsOf, now: Now) -> list[ev.Event]:
+    """SPEC 6: what ``reconcile`` said becomes a CallReconciled (took effect, with its
+    result, which is never refused for size; or did not); "cannot tell" records nothing
+    and the outcome stays unknown."""
+    if took is None:
+        return []
+    stamp = now.stamp()
+    if took is False:
+        return [ev.CallReconciled(**stamp, execution_id=execution_id, attempt=attempt,
+                                  took_effect=False)]
+    fields = fields_of(value)
+    fields.pop("status", None)
+    return [ev.CallReconciled(**stamp, execution_id=execution_id, attempt=attempt,
+                              took_effect=True, **fields)]
+
+
+def attempt_outcomes(execution_id: str, attempts: list[Attempt], *, final: bool, doubt: bool,
+                     fields_of: FieldsOf, now: Now) -> tuple[list[ev.Event], bool]:
+    """SPEC 5.10 and 6: the events of attempts that ended (``final``: the last of them is
+    the call's last). A timeout is never a failure: it is ``outcome_unknown`` unless
+    reconcile settles it, and a later attempt that fails after one that may have taken
+    effect (``doubt``) leaves the outcome unknown too. Returns the events and the doubt
+    after them."""
+    stamp, eid = now.stamp(), execution_id
+    events: list[ev.Event] = []
+    for i, att in enumerate(attempts):
+        last = final and i == len(attempts) - 1
+        if att.kind == "ok":
+            events.append(ev.CallSucceeded(**stamp, execution_id=eid, attempt=att.attempt,
+                                           latency_s=att.latency_s, **fields_of(att.value)))
+        elif att.kind == "error":
+            events.append(ev.CallFailed(**stamp, execution_id=eid, attempt=att.attempt,
+                                        error_category=att.category,
+                                        content=journal_safe(att.error),
+                                        latency_s=att.latency_s, retrying=not last))
+            if last and doubt:
+                events.append(ev.CallOutcomeUnknown(
+                    **stamp, execution_id=eid, attempt=att.attempt, content=journal_safe(
+                        f"an earlier attempt timed out and may have taken effect; the "
+                        f"last one failed ({att.error})")))
+        else:
+            events.append(ev.CallTimedOut(**stamp, execution_id=eid, attempt=att.attempt,
+                                          timeout_s=att.timeout_s, latency_s=att.latency_s))
+            if att.reconciled is not None:
+                events.extend(reconciled(eid, att.attempt, att.reconciled,
+                                         att.reconciled_value, fields_of=fields_of, now=now))
+            elif last:
+                events.append(ev.CallOutcomeUnknown(
+                    **stamp, execution_id=eid, attempt=att.attempt,
+                    content=att.error or "the call timed out; whether it took effect is "
+                                         "not known"))
+            doubt = doubt or att.reconciled is not False
+    return events, doubt
