@@ -14,8 +14,6 @@ from boundloop.errors import ConfigError
 from boundloop.policy.budget import Usage
 from boundloop.policy.redact import (
     MAX_DEPTH,
-    arguments_not_kept,
-    arguments_problem,
     json_problem,
     shape_problem,
     shape_text,
@@ -135,15 +133,6 @@ class ToolCall(msgspec.Struct, frozen=True):
     id: NonEmpty
     name: NonEmpty
     arguments: dict[str, Any]
-
-    def __post_init__(self) -> None:
-        # Arguments nested deeper than MAX_DEPTH, holding themselves, or holding a key or
-        # value JSON cannot hold cannot be journaled nor sent back to the model (msgspec's
-        # encoders recurse in C, or refuse them). They are replaced here, where the call is
-        # made, by arguments that say so, and the call ends ``invalid_arguments``.
-        problem = arguments_problem(self.arguments)
-        if problem is not None:
-            msgspec.structs.force_setattr(self, "arguments", arguments_not_kept(problem))
 
 
 class Final(msgspec.Struct, frozen=True, tag_field="kind", tag="final"):

@@ -62,8 +62,8 @@ class _Run(msgspec.Struct):
 
 class _UserCall(msgspec.Struct):
     token: int
-    future: Future[Any]
     deadline: float | None = None
+    future: Future[Any] | None = None
     started: float = 0.0  # perf_counter at its real start; 0 while it waits for a thread
     abandoned: bool = False
     gate: threading.Lock = msgspec.field(default_factory=threading.Lock)
@@ -244,7 +244,7 @@ class SupervisorActor(pykka.ThreadingActor):
     def _call_user(self, run_id: str, run: _Run, fn: Callable[..., Any],
                    args: tuple[Any, ...], deadline: float | None, cancel: Any) -> None:
         me, token = self.actor_ref, next(self._tokens)
-        call = _UserCall(token, Future(), deadline)
+        call = _UserCall(token, deadline)
 
         def on_start() -> bool:
             with call.gate:
@@ -253,7 +253,8 @@ class SupervisorActor(pykka.ThreadingActor):
                 call.started = time.perf_counter()
                 return True
 
-        call.future = self.workers.start(self.workers.model_pool, fn, args, {}, on_start)
+        future = call.future = self.workers.start(self.workers.model_pool, fn, args, {},
+                                                  on_start)
         run.call = call
 
         def returned(f: Future[Any]) -> None:
@@ -263,7 +264,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 ModelReply(f.result(), None, latency)
             tell(me, _UserReturned(run_id, token, reply))
 
-        call.future.add_done_callback(returned)
+        future.add_done_callback(returned)
         if cancel is not None:
             call.unwatch = cancel.on_cancel(lambda: tell(me, _UserWall(run_id, token,
                                                                        "cancelled")))
@@ -286,7 +287,7 @@ class SupervisorActor(pykka.ThreadingActor):
             return
         if not call.abandoned:
             return  # cancelled while the model works: its answer is discarded (SPEC 5.4)
-        if not waiting:
+        if not waiting and call.future is not None:
             # It may never return: its thread is replaced so it holds up no other run.
             self.workers.compensate(call.future)
         latency = time.perf_counter() - call.started if call.started else 0.0

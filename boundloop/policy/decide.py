@@ -8,10 +8,15 @@ from typing import Any, Literal, TypedDict
 import msgspec
 
 from boundloop import events as ev
-from boundloop.messages import CallTools, Final, Response
+from boundloop.messages import CallTools, Final, Response, ToolCall
 from boundloop.policy.budget import Budget, Price, Usage, exceeded, priced
 from boundloop.policy.kinds import Decision
-from boundloop.policy.redact import journal_safe, storable
+from boundloop.policy.redact import (
+    arguments_not_kept,
+    arguments_problem,
+    journal_safe,
+    storable,
+)
 from boundloop.policy.replay import RunState
 from boundloop.policy.safe_text import describe_exception
 
@@ -61,7 +66,13 @@ def tools_allowed(state: RunState, budget: Budget) -> bool:
 
 
 def parse_response(raw: Any) -> Response | Malformed:
-    """SPEC 2: a Final or CallTools (Struct or dict form), else Malformed with a reason."""
+    """SPEC 2: a Final or CallTools (Struct or dict form), else Malformed with a reason.
+
+    Tool arguments the journal cannot keep (nested deeper than ``MAX_DEPTH``, containing
+    themselves, holding what JSON cannot hold) are replaced, before anything walks them, by
+    arguments that say why: the call then ends ``invalid_arguments``.
+    """
+    raw = _keepable(raw)
     if isinstance(raw, Final | CallTools):
         try:
             raw = msgspec.to_builtins(raw)
@@ -78,6 +89,30 @@ def parse_response(raw: Any) -> Response | Malformed:
         return Malformed("the response holds text that is not valid Unicode (a lone "
                          "surrogate) or an integer beyond 64 bits, which cannot be recorded")
     return parsed
+
+
+def _keepable(raw: Any) -> Any:
+    # msgspec's converters recurse in C and do not stop at a cycle: check first.
+    if isinstance(raw, CallTools):
+        calls = [_keepable_call(c) for c in raw.calls]
+        return raw if all(a is b for a, b in zip(calls, raw.calls, strict=True)) else \
+            msgspec.structs.replace(raw, calls=calls)
+    if isinstance(raw, dict) and isinstance(raw.get("calls"), list):
+        calls = [_keepable_call(c) for c in raw["calls"]]
+        return {**raw, "calls": calls}
+    return raw
+
+
+def _keepable_call(call: Any) -> Any:
+    if isinstance(call, ToolCall):
+        problem = arguments_problem(call.arguments)
+        return call if problem is None else \
+            msgspec.structs.replace(call, arguments=arguments_not_kept(problem))
+    if isinstance(call, dict) and "arguments" in call:
+        problem = arguments_problem(call["arguments"])
+        if problem is not None:
+            return {**call, "arguments": arguments_not_kept(problem)}
+    return call
 
 
 def check_batch(state: RunState, budget: Budget, calls: CallTools, *,
