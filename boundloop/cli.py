@@ -546,26 +546,44 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
 
 @cli.command()
 @click.option("--runs", type=click.IntRange(min=1), default=200, show_default=True)
-@click.option("--kills", type=click.IntRange(min=0), default=50, show_default=True)
+@click.option("--kills", type=click.IntRange(min=0), default=50, show_default=True,
+              help="Faults to inject: SIGKILLs, and with --pause SIGSTOPs too.")
 @click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--workers", type=click.IntRange(min=1, max=64), default=2, show_default=True,
+              help="Worker processes sharing the journal.")
+@click.option("--pause", is_flag=True, default=False,
+              help="Also freeze workers past their lease (SIGSTOP), let the others take "
+                   "their runs over, then wake them (SIGCONT) as zombies.")
+@click.option("--lease", "lease_s", type=click.FloatRange(min=0.1, max=86_400), default=1.0,
+              show_default=True, help="The workers' lease_s, in seconds.")
+@click.option("--pidns/--no-pidns", default=None,
+              help="Run each worker in its own pid namespace (unshare, as root), so a "
+                   "paused worker is judged by its lease (default: with --pause, when "
+                   "available).")
 @click.option("--dir", "where", type=click.Path(file_okay=False), default=None,
               help="Where to keep the drill's journal and ledger (default: a temp dir).")
 @json_option("the report")
-def drill(runs: int, kills: int, seed: int, where: str | None, as_json: bool) -> None:
-    """Crash-recovery drill: SIGKILL workers at random moments, recover, check the journal
-    against a ledger of real side effects. Exits 1 if any invariant fails."""
+def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: float,
+          pidns: bool | None, where: str | None, as_json: bool) -> None:
+    """Crash-recovery and ownership drill: SIGKILL (and with --pause, SIGSTOP past the
+    lease) workers at random moments while the others take their runs over; check the
+    journal against a ledger of real side effects. Exits 1 if any invariant fails."""
     import tempfile
     from pathlib import Path
 
-    from boundloop.drill import format_report, run_drill
+    from boundloop.drill import can_unshare, command, format_report, run_drill
 
+    if pidns and not can_unshare():
+        raise click.UsageError("--pidns needs root and a working unshare(1)")
     base = Path(where) if where else Path(tempfile.mkdtemp(prefix="boundloop-drill-"))
-    report = run_drill(base, runs, kills, seed, out=(lambda s: None) if as_json else click.echo)
+    report = run_drill(base, runs, kills, seed, workers,
+                       out=(lambda s: None) if as_json else click.echo, pause=pause,
+                       lease_s=lease_s, pidns=pidns)
     if as_json:
         _echo_json({**msgspec.to_builtins(report), "ok": report.ok, "dir": str(base)})
     else:
-        click.echo(format_report(report, f"boundloop drill --runs {runs} --kills {kills} "
-                                         f"--seed {seed}"))
+        click.echo(format_report(report, command(runs, kills, seed, workers, pause, lease_s,
+                                                 pidns)))
     if not report.ok:
         click.get_current_context().exit(EXIT_MISMATCH)
 
@@ -594,6 +612,10 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _fail(str(exc), EXIT_UNKNOWN_RUN)
     except JournalError as exc:
         _fail(str(exc), EXIT_JOURNAL)
+    except OSError as exc:  # permissions, a missing or odd file: the journal cannot be used
+        where = f" ({exc.filename})" if exc.filename else ""
+        _fail(f"cannot use the journal{where}: {exc.strerror or exc}; check the path and "
+              "its permissions", EXIT_JOURNAL)
     except ReplayError as exc:
         _fail(f"the journal does not replay: {exc}", EXIT_JOURNAL)
     except BoundloopError as exc:
