@@ -45,10 +45,12 @@ from boundloop.events import (
     UsageCharged,
 )
 from boundloop.messages import (
+    AssistantMessage,
     CallMessage,
     CallTools,
     Final,
     FinalMessage,
+    Malformed,
     Message,
     NoticeMessage,
     ToolCall,
@@ -71,8 +73,8 @@ __all__ = [
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
     "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
-    "Message", "UserMessage", "CallMessage", "ToolResultMessage", "FinalMessage",
-    "NoticeMessage",
+    "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
+    "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy",
     # replay and journal events

@@ -31,13 +31,28 @@ class UserMessage(msgspec.Struct, frozen=True, tag_field="kind", tag="user"):
     text: str
 
 
+class AssistantMessage(msgspec.Struct, frozen=True, tag_field="kind", tag="assistant"):
+    """What the model said alongside the calls of step ``step`` (``text``), and the
+    provider's own blocks for that turn (``content``: reasoning or thinking blocks with
+    their signatures, sent back verbatim by an adapter). Present only when the step's
+    CallTools carried either; it comes right before the step's calls."""
+
+    kind: ClassVar[str] = "assistant"
+    step: int
+    text: str | None = None
+    content: Any = None
+
+
 class CallMessage(msgspec.Struct, frozen=True, tag_field="kind", tag="call"):
-    """One tool call the model made (one message per call)."""
+    """One tool call the model made (one message per call). ``step`` is the model step
+    whose response proposed it: the calls of one step form one assistant turn. In a
+    ``history=`` it may be None; consecutive calls without a step are separate turns."""
 
     kind: ClassVar[str] = "call"
     id: str
     name: str
     arguments: dict[str, Any]
+    step: int | None = None
 
 
 class ToolResultMessage(msgspec.Struct, frozen=True, tag_field="kind", tag="tool_result"):
@@ -64,7 +79,8 @@ class NoticeMessage(msgspec.Struct, frozen=True, tag_field="kind", tag="notice")
     text: str
 
 
-Message = UserMessage | CallMessage | ToolResultMessage | FinalMessage | NoticeMessage
+Message = (UserMessage | AssistantMessage | CallMessage | ToolResultMessage | FinalMessage
+           | NoticeMessage)
 
 _history_encoder = msgspec.msgpack.Encoder()
 _history_decoder = msgspec.msgpack.Decoder(list[Message])
@@ -144,11 +160,24 @@ class Final(msgspec.Struct, frozen=True, tag_field="kind", tag="final"):
 
 
 class CallTools(msgspec.Struct, frozen=True, tag_field="kind", tag="calls"):
-    """A model response asking for one or more tool calls."""
+    """A model response asking for one or more tool calls; ``text`` is what the model said
+    alongside them, ``content`` provider-specific blocks (any msgpack-storable value) that
+    an adapter must send back verbatim with this turn."""
 
     kind: ClassVar[str] = "calls"
     calls: Annotated[list[ToolCall], msgspec.Meta(min_length=1)]
     usage: Usage | None = None
+    text: str | None = None
+    content: Any = None
 
 
 Response = Final | CallTools
+
+
+class Malformed(msgspec.Struct, frozen=True):
+    """What a provider adapter returns for a turn without a usable answer (a ``max_tokens``
+    or ``length`` stop, a refusal, ``pause_turn``): the response is malformed, for
+    ``reason`` (a plain sentence), and counts against ``malformed_retries``."""
+
+    reason: str
+    usage: Usage | None = None

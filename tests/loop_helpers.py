@@ -34,5 +34,22 @@ def journal_of(runner: bl.Runner, result: bl.RunResult) -> tuple[list[str], list
     return names, events
 
 
-def transcript(result: bl.RunResult) -> list[dict[str, Any]]:
-    return msgspec.to_builtins(result.transcript)  # type: ignore[no-any-return]
+def transcript(result: bl.RunResult, steps: bool = False) -> list[dict[str, Any]]:
+    """The transcript's dict form; without ``steps``, call messages leave out their
+    ``step`` (tests of turns check it: tests/test_turns.py)."""
+    out: list[dict[str, Any]] = msgspec.to_builtins(result.transcript)
+    if not steps:
+        for m in out:
+            if m["kind"] == "call":
+                m.pop("step", None)
+    return out
+
+
+def plain(value: Any) -> Any:
+    """``msgspec.to_builtins(value)``, with call messages' ``step`` left out."""
+    out = msgspec.to_builtins(value)
+    items = out if isinstance(out, list) else [out]
+    for m in items:
+        if isinstance(m, dict) and m.get("kind") == "call":
+            m.pop("step", None)
+    return out

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
 import pytest
-from loop_helpers import USER, journal_of, transcript
+from loop_helpers import USER, journal_of, plain, transcript
 
 import boundloop as bl
 
@@ -56,7 +55,7 @@ def test_tool_then_final_exchange(runner: bl.Runner, echo: tuple[bl.Tool, list[s
     assert result.unresolved == []
     assert result.explanation
     # The model's second step observed both results, in the order it gave the calls.
-    assert msgspec.to_builtins(model.seen[1]) == transcript(result)[:-1]
+    assert plain(model.seen[1]) == transcript(result)[:-1]
     assert [c.step for c in model.contexts] == [1, 2]
     assert all(c.run_id == result.run_id for c in model.contexts)
     assert [t["name"] for t in model.contexts[0].tools] == ["echo"]
@@ -209,9 +208,9 @@ def test_call_ids_of_given_history_are_reserved(runner: bl.Runner,
     assert ran == ["h2"]
     assert transcript(result) == history + [USER, call("h2", "echo", text="h2"),
                                             ok("h2", "H2")]
-    assert msgspec.to_builtins(model.seen[0]) == history + [USER]
+    assert plain(model.seen[0]) == history + [USER]
     names, events = journal_of(runner, result)
-    assert msgspec.to_builtins(events[0].history) == history + [USER]
+    assert plain(events[0].history) == history + [USER]
     assert [e.call_id for e in events if type(e).__name__ == "CallDecided"] == ["h2"]
 
 
@@ -224,7 +223,7 @@ def test_history_id_reserved_even_in_first_batch(runner: bl.Runner,
     result = runner.run(model=model, tools=[tool], history=history)
     assert (result.status, result.model_steps, result.tool_calls) == ("repeated_call", 1, 0)
     assert ran == []
-    assert transcript(result) == msgspec.to_builtins(history)
+    assert transcript(result) == plain(history)
     journal_of(runner, result)
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import msgspec
-from loop_helpers import USER, journal_of
+from loop_helpers import USER, journal_of, plain
 
 import boundloop as bl
 
@@ -33,7 +32,7 @@ def test_token_cancelled_before_the_run(runner: bl.Runner) -> None:
     assert (result.model_steps, result.tool_calls) == (0, 0)
     assert model.calls == 0
     assert ran == []
-    assert msgspec.to_builtins(result.transcript) == [USER]
+    assert plain(result.transcript) == [USER]
     names, _ = journal_of(runner, result)
     assert "CallDecided" not in names
 
@@ -53,7 +52,7 @@ def test_model_cancels_its_own_call_response_is_discarded(runner: bl.Runner) -> 
     assert model.calls == 1
     assert ran == []
     # The response is discarded: no call of it enters the history.
-    assert msgspec.to_builtins(result.transcript) == [USER]
+    assert plain(result.transcript) == [USER]
     assert result.completed == [] and result.unresolved == []
     names, _ = journal_of(runner, result)
     assert "CallDecided" not in names and "CallDispatched" not in names
@@ -67,7 +66,7 @@ def test_model_cancels_and_answers_final_is_discarded_too(runner: bl.Runner) -> 
     model = bl.ScriptedModel([cancel_then_final])
     result = runner.run(model=model, prompt="go")
     assert (result.status, result.model_steps, result.tool_calls) == ("cancelled", 1, 0)
-    assert msgspec.to_builtins(result.transcript) == [USER]
+    assert plain(result.transcript) == [USER]
     journal_of(runner, result)
 
 
@@ -88,7 +87,7 @@ def test_cancel_given_token_after_a_tool_step(runner: bl.Runner) -> None:
     assert (result.status, result.model_steps, result.tool_calls) == ("cancelled", 1, 1)
     assert ran == ["a"]
     assert model.calls == 1
-    assert msgspec.to_builtins(result.transcript) == [
+    assert plain(result.transcript) == [
         USER,
         {"kind": "call", "id": "c1", "name": "stopper", "arguments": {"text": "a"}},
         {"kind": "tool_result", "id": "c1", "status": "ok", "content": "stopped"},
@@ -129,7 +128,7 @@ def test_runner_cancel_from_another_thread_while_a_tool_runs(runner: bl.Runner) 
     assert len(ran) == 1
     label = ran[0]
     cid = {"one": "c1", "two": "c2"}[label]
-    assert msgspec.to_builtins(result.transcript) == [
+    assert plain(result.transcript) == [
         USER,
         {"kind": "call", "id": cid, "name": "hold", "arguments": {"label": label}},
         {"kind": "tool_result", "id": cid, "status": "ok",
@@ -166,7 +165,7 @@ def test_runner_cancel_while_the_model_works(runner: bl.Runner) -> None:
     result = future.result(timeout=10)
     assert (result.status, result.exhausted_limit) == ("cancelled", None)
     assert (result.model_steps, result.tool_calls) == (1, 0)
-    assert msgspec.to_builtins(result.transcript) == [USER]
+    assert plain(result.transcript) == [USER]
     journal_of(runner, result)
 
 
@@ -190,6 +189,6 @@ def test_cancellation_is_checked_before_the_deadline(journal_dir: Any) -> None:
         assert (result.status, result.exhausted_limit) == ("cancelled", None)
         assert (result.model_steps, result.tool_calls) == (1, 1)
         assert model.calls == 1
-        assert [m["kind"] for m in msgspec.to_builtins(result.transcript)] == [
+        assert [m["kind"] for m in plain(result.transcript)] == [
             "user", "call", "tool_result"]
         journal_of(runner, result)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-from loop_helpers import journal_of
+from loop_helpers import journal_of, plain
 
 import boundloop as bl
 
@@ -14,7 +13,7 @@ def make_lookup(seen: list[dict[str, Any]]) -> bl.Tool:
     @bl.tool(read_only=True)
     def lookup(query: dict[str, Any]) -> dict[str, Any]:
         """Look something up; returns a nested structure."""
-        seen.append(msgspec.to_builtins(query))
+        seen.append(plain(query))
         return {"hits": [{"name": query["city"], "temp": 20}], "meta": {"n": 1}}
 
     return lookup
@@ -39,7 +38,7 @@ def test_callback_mutating_its_history_changes_nothing_recorded(runner: bl.Runne
     observed: list[list[dict[str, Any]]] = []
 
     def vandal(history: list[Any], ctx: bl.ModelContext) -> bl.CallTools:
-        observed.append(msgspec.to_builtins(history))
+        observed.append(plain(history))
         # Nested dicts and lists of the messages it was given...
         history[1].arguments["query"]["city"] = "HACKED"
         history[1].arguments["query"]["tags"].append("HACKED")
@@ -54,7 +53,7 @@ def test_callback_mutating_its_history_changes_nothing_recorded(runner: bl.Runne
                                                                     "tags": []}})])
 
     def check_then_final(history: list[Any], ctx: bl.ModelContext) -> bl.Final:
-        observed.append(msgspec.to_builtins(history))
+        observed.append(plain(history))
         history.clear()
         return bl.Final("sunny")
 
@@ -65,12 +64,12 @@ def test_callback_mutating_its_history_changes_nothing_recorded(runner: bl.Runne
 
     assert (result.status, result.model_steps, result.tool_calls) == ("final", 3, 2)
     assert seen == [{"city": "Paris", "tags": ["a"]}, {"city": "Rome", "tags": []}]
-    assert msgspec.to_builtins(result.transcript) == EXPECTED
+    assert plain(result.transcript) == EXPECTED
     # Each step got a fresh, unmutated copy.
     assert observed[0] == EXPECTED[:3]
     assert observed[1] == EXPECTED[:5]
     names, events = journal_of(runner, result)
-    decided = [msgspec.to_builtins(e.arguments) for e in events
+    decided = [plain(e.arguments) for e in events
                if type(e).__name__ == "CallDecided"]
     assert decided == [{"query": {"city": "Paris", "tags": ["a"]}},
                        {"query": {"city": "Rome", "tags": []}}]
@@ -97,14 +96,14 @@ def test_result_transcript_is_a_copy_of_the_given_history(runner: bl.Runner) -> 
         {"kind": "final", "text": "done"},
     ]
     assert (result.status, result.model_steps, result.tool_calls) == ("final", 1, 0)
-    assert msgspec.to_builtins(result.transcript) == expected
+    assert plain(result.transcript) == expected
 
     # The caller changes its own objects after the run: the result must not change.
     nested["city"] = "CHANGED"
     nested["tags"].append("CHANGED")
     content["hits"].append({"name": "CHANGED"})
     history.append({"kind": "user", "text": "CHANGED"})
-    assert msgspec.to_builtins(result.transcript) == expected
+    assert plain(result.transcript) == expected
     journal_of(runner, result)
 
 
@@ -124,7 +123,7 @@ def test_mutating_result_transcript_leaves_the_callers_history(runner: bl.Runner
     assert history[1]["content"] == ["r"]
     # The journal still holds the run as it happened.
     state = bl.replay(runner.journal.events(result.run_id))
-    assert msgspec.to_builtins(state.transcript) == [
+    assert plain(state.transcript) == [
         {"kind": "call", "id": "h1", "name": "lookup",
          "arguments": {"query": {"city": "Oslo", "tags": ["x"]}}},
         {"kind": "tool_result", "id": "h1", "status": "ok", "content": ["r"]},
@@ -156,6 +155,6 @@ def test_handler_mutating_its_arguments_changes_nothing_recorded(runner: bl.Runn
         {"kind": "final", "text": "done"},
     ]
     assert (result.status, result.model_steps, result.tool_calls) == ("final", 2, 1)
-    assert msgspec.to_builtins(model.seen[1]) == expected[:3]
-    assert msgspec.to_builtins(result.transcript) == expected
+    assert plain(model.seen[1]) == expected[:3]
+    assert plain(result.transcript) == expected
     journal_of(runner, result)

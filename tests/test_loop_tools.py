@@ -6,9 +6,8 @@ import threading
 import time
 from typing import Any
 
-import msgspec
 import pytest
-from loop_helpers import journal_of, transcript
+from loop_helpers import journal_of, plain, transcript
 
 import boundloop as bl
 
@@ -51,7 +50,7 @@ def test_refused_calls_count_and_the_model_sees_them(runner: bl.Runner) -> None:
     observed: list[list[dict[str, Any]]] = []
 
     def look(history: list[Any], ctx: bl.ModelContext) -> bl.Final:
-        observed.append(msgspec.to_builtins(history))
+        observed.append(plain(history))
         return bl.Final("understood")
 
     model = bl.ScriptedModel([batch, look])
@@ -73,7 +72,7 @@ def test_refused_calls_count_and_the_model_sees_them(runner: bl.Runner) -> None:
     assert t[1] == {"kind": "call", "id": "d1", "name": "act", "arguments": {"target": "no"}}
     # The model's next step observed every one of them.
     assert observed == [t[:-1]]
-    assert results_of(msgspec.to_builtins(model.seen[1])) == results_of(t)
+    assert results_of(plain(model.seen[1])) == results_of(t)
     # permit got (ToolCall, Tool, ModelContext).
     for call, tool, ctx in permits:
         assert isinstance(call, bl.ToolCall) and isinstance(tool, bl.Tool)
@@ -113,7 +112,7 @@ def test_read_only_runner_denies_tools_not_marked_read_only(journal_dir: Any) ->
         assert ran == ["peek"]
         t = transcript(result)
         assert results_of(t) == [("w", "denied"), ("p", "ok")]
-        assert results_of(msgspec.to_builtins(model.seen[1])) == [("w", "denied"), ("p", "ok")]
+        assert results_of(plain(model.seen[1])) == [("w", "denied"), ("p", "ok")]
         journal_of(runner, result)
 
 
@@ -172,7 +171,7 @@ def test_parallel_partial_failure_keeps_model_order(runner: bl.Runner) -> None:
     contents = {m["id"]: m["content"] for m in t if m["kind"] == "tool_result"}
     assert contents["slow"] == "slow done" and contents["fast"] == "fast done"
     assert "bad exploded" in contents["bad"]
-    assert results_of(msgspec.to_builtins(model.seen[1])) == results_of(t)
+    assert results_of(plain(model.seen[1])) == results_of(t)
     assert {c.call_id: c.status for c in result.completed} == {
         "slow": "ok", "bad": "error", "fast": "ok"}
     names, _ = journal_of(runner, result)
@@ -252,9 +251,9 @@ def test_result_over_max_result_bytes_is_too_large(runner: bl.Runner) -> None:
     contents = {m["id"]: m["content"] for m in t if m["kind"] == "tool_result"}
     assert big not in str(contents["b"])
     assert contents["s"] == "tiny"
-    assert results_of(msgspec.to_builtins(model.seen[1])) == [("b", "too_large"), ("s", "ok")]
+    assert results_of(plain(model.seen[1])) == [("b", "too_large"), ("s", "ok")]
     names, events = journal_of(runner, result)
-    assert all(big not in str(msgspec.to_builtins(e)) for e in events)
+    assert all(big not in str(plain(e)) for e in events)
     big_outcome = [e for e in events if type(e).__name__ == "CallSucceeded"
                    and e.execution_id == next(c.execution_id for c in events
                                               if type(c).__name__ == "CallDecided"

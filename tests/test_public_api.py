@@ -21,8 +21,8 @@ EXPECTED = {
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
     "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
-    "Message", "UserMessage", "CallMessage", "ToolResultMessage", "FinalMessage",
-    "NoticeMessage",
+    "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
+    "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy",
     # replay and journal events
@@ -107,7 +107,12 @@ def test_message_kinds() -> None:
     cases = [
         (bl.UserMessage("hi"), {"kind": "user", "text": "hi"}),
         (bl.CallMessage("c", "t", {"a": 1}),
-         {"kind": "call", "id": "c", "name": "t", "arguments": {"a": 1}}),
+         {"kind": "call", "id": "c", "name": "t", "arguments": {"a": 1}, "step": None}),
+        (bl.CallMessage("c", "t", {"a": 1}, step=2),
+         {"kind": "call", "id": "c", "name": "t", "arguments": {"a": 1}, "step": 2}),
+        (bl.AssistantMessage(2, "let me look", [{"type": "thinking", "signature": "s"}]),
+         {"kind": "assistant", "step": 2, "text": "let me look",
+          "content": [{"type": "thinking", "signature": "s"}]}),
         (bl.ToolResultMessage("c", "ok", [1]),
          {"kind": "tool_result", "id": "c", "status": "ok", "content": [1]}),
         (bl.FinalMessage("done"), {"kind": "final", "text": "done"}),

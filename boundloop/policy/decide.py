@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Collection
 from typing import Any, Literal, TypedDict
 
 import msgspec
 
 from boundloop import events as ev
-from boundloop.messages import CallTools, Final, Response, ToolCall
+from boundloop.messages import CallTools, Final, Malformed, Response, ToolCall
 from boundloop.policy.budget import Budget, Price, Usage, exceeded, priced
 from boundloop.policy.kinds import Decision
 from boundloop.policy.redact import (
@@ -27,12 +28,6 @@ class Stop(msgspec.Struct, frozen=True):
     status: str
     limit: str | None = None
     detail: str = ""
-
-
-class Malformed(msgspec.Struct, frozen=True):
-    """The model's response could not be read; ``reason`` says what was wrong."""
-
-    reason: str
 
 
 def stop_limit(limit: str) -> Stop:
@@ -66,29 +61,110 @@ def tools_allowed(state: RunState, budget: Budget) -> bool:
 
 
 def parse_response(raw: Any) -> Response | Malformed:
-    """SPEC 2: a Final or CallTools (Struct or dict form), else Malformed with a reason.
+    """SPEC 2: a Final or CallTools (Struct or dict form), else Malformed with a reason: a
+    plain sentence naming what was wrong and where, never a library's message. An
+    adapter's own ``bl.Malformed`` (a refusal, a length stop) passes through.
 
     Tool arguments the journal cannot keep (nested deeper than ``MAX_DEPTH``, containing
     themselves, holding what JSON cannot hold) are replaced, before anything walks them, by
     arguments that say why: the call then ends ``invalid_arguments``.
     """
+    if isinstance(raw, Malformed):
+        return raw
     raw = _keepable(raw)
     if isinstance(raw, Final | CallTools):
         try:
             raw = msgspec.to_builtins(raw)
-        except TypeError as exc:
-            return Malformed(f"the response holds a value that is not JSON-like ({exc})")
-    if not isinstance(raw, dict):
-        return Malformed(f"a response must be bl.Final, bl.CallTools or a dict, "
-                         f"not {type(raw).__name__}")
+        except (TypeError, ValueError, OverflowError) as exc:
+            return Malformed(f"the response holds a value that is not JSON-like "
+                             f"({type(exc).__name__})")
+    reason = _shape_reason(raw)
+    if reason is not None:
+        return Malformed(reason)
     try:
         parsed: Response = msgspec.convert(raw, Response)
-    except msgspec.ValidationError as exc:
-        return Malformed(str(exc))
+    except msgspec.ValidationError:
+        return Malformed("the response does not have the shape of bl.Final or bl.CallTools")
     if not storable(parsed):
         return Malformed("the response holds text that is not valid Unicode (a lone "
                          "surrogate) or an integer beyond 64 bits, which cannot be recorded")
     return parsed
+
+
+def _kind_of(value: Any) -> str:
+    return {str: "a string", int: "a number", float: "a number", bool: "a boolean",
+            list: "a list", dict: "an object", type(None): "null"}.get(
+        type(value), f"a {type(value).__name__}")
+
+
+def _shape_reason(raw: Any) -> str | None:
+    """What makes ``raw`` (the dict form) not a response, as a plain sentence, else None."""
+    if not isinstance(raw, dict):
+        return (f"a response must be bl.Final, bl.CallTools or a dict, not "
+                f"{type(raw).__name__}")
+    kind = raw.get("kind")
+    if kind not in ("final", "calls"):
+        # The value itself is not echoed: whatever the model put there may be a secret.
+        return "the response has no `kind`" if kind is None else \
+            f"the response's kind is {_kind_of(kind)} other than 'final' or 'calls'"
+    allowed = {"kind", "usage"} | ({"text"} if kind == "final" else
+                                   {"calls", "text", "content"})
+    extra = sorted(str(k) for k in raw if k not in allowed)
+    if extra:
+        return f"the {kind} response has an unknown field `{extra[0]}`"
+    usage = raw.get("usage")
+    if usage is not None and not (isinstance(usage, dict) and all(
+            isinstance(v, int | float) and not isinstance(v, bool) or v is None
+            for v in usage.values())):
+        return f"the response's usage is {_kind_of(usage)}, not a bl.Usage"
+    if kind == "final":
+        text = raw.get("text")
+        if not isinstance(text, str):
+            return "the final response has no text" if text is None else \
+                f"the final response's text is {_kind_of(text)}, not a string"
+        return None
+    if raw.get("text") is not None and not isinstance(raw.get("text"), str):
+        return f"the calls response's text is {_kind_of(raw['text'])}, not a string"
+    calls = raw.get("calls")
+    if not isinstance(calls, list):
+        return "the response asks for tool calls but has no `calls` list" if calls is None \
+            else f"the response's `calls` is {_kind_of(calls)}, not a list"
+    if not calls:
+        return "the response asks for tool calls but its `calls` list is empty"
+    for n, call in enumerate(calls, 1):
+        reason = _call_reason(n, call)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _call_reason(n: int, call: Any) -> str | None:
+    if not isinstance(call, dict):
+        return f"call {n} is {_kind_of(call)}, not an object with id, name and arguments"
+    name = call.get("name")
+    if not isinstance(name, str) or not name:
+        return f"call {n} has no tool name" if not name else \
+            f"call {n} has a name that is {_kind_of(name)}, not a string"
+    cid = call.get("id")
+    if not isinstance(cid, str) or not cid:
+        return f"call {n} (`{name}`) has no id" if not cid else \
+            f"call {n} (`{name}`) has an id that is {_kind_of(cid)}, not a string"
+    arguments = call.get("arguments")
+    if isinstance(arguments, str):
+        # A provider adapter hands over arguments that are not valid JSON as the raw string.
+        try:
+            json.loads(arguments)
+        except ValueError as exc:
+            return (f"call {n} (`{name}`) has arguments that are a string, not an object "
+                    f"(not valid JSON: {exc.args[0] if exc.args else exc})")
+        return f"call {n} (`{name}`) has arguments that are a string, not an object"
+    if not isinstance(arguments, dict):
+        return f"call {n} (`{name}`) has no arguments" if arguments is None else \
+            f"call {n} (`{name}`) has arguments that are {_kind_of(arguments)}, not an object"
+    extra = sorted(str(k) for k in call if k not in ("id", "name", "arguments"))
+    if extra:
+        return f"call {n} (`{name}`) has an unknown field `{extra[0]}`"
+    return None
 
 
 def _keepable(raw: Any) -> Any:
@@ -323,11 +399,13 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
     """
     step, stamp = state.model_steps, now.stamp()
 
-    def failed(reason: str, detail: str, stop: Stop | None) -> Replied:
-        return Replied([
-            ev.ModelStepFailed(**stamp, step=step, reason=reason, detail=detail,
-                               latency_s=reply.latency_s),
-            ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True)], stop)
+    def failed(reason: str, detail: str, stop: Stop | None,
+               reported: Usage | None = None) -> Replied:
+        charge = ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True) \
+            if reported is None else ev.UsageCharged(**stamp, step=step,
+                                                     usage=priced(reported, price))
+        return Replied([ev.ModelStepFailed(**stamp, step=step, reason=reason, detail=detail,
+                                           latency_s=reply.latency_s), charge], stop)
 
     if reply.abandoned == "deadline":
         return failed("deadline", "the model ran on past the deadline and was abandoned",
@@ -345,11 +423,11 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
     if isinstance(parsed, Malformed):
         retries = budget.malformed_retries
         if retries is None or state.malformed + 1 <= retries:
-            out = failed("malformed", parsed.reason, None)
+            out = failed("malformed", parsed.reason, None, parsed.usage)
             return Replied([*out.events, ev.NoticeAdded(
                 **stamp, text=NOTICE.format(reason=parsed.reason))])
         return failed("malformed", parsed.reason,
-                      Stop("malformed_response", detail=parsed.reason))
+                      Stop("malformed_response", detail=parsed.reason), parsed.usage)
     events: list[ev.Event] = [ev.ModelStepCompleted(**stamp, step=step, response=parsed,
                                                     latency_s=reply.latency_s)]
     usage = state.usage

@@ -22,6 +22,7 @@ import msgspec
 from boundloop import events as ev
 from boundloop.errors import BoundloopError
 from boundloop.messages import (
+    AssistantMessage,
     CallMessage,
     Final,
     FinalMessage,
@@ -112,6 +113,8 @@ class RunState(msgspec.Struct):
     malformed: int = 0
     reservation: Usage | None = None
     round_calls: list[str] = msgspec.field(default_factory=list)
+    #: What the round's CallTools said besides its calls (SPEC 2's ``assistant`` message).
+    round_turn: AssistantMessage | None = None
     events: int = 0
     #: True from a RunResumed until the next model step or RunFinished: the window in
     #: which resume settles what a crash left open (reconcile, retry, give up).
@@ -300,11 +303,16 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             state.reservation = event.reservation
             state.usage = state.usage + event.reservation
             state.round_calls = []
+            state.round_turn = None
             state.resuming = False
         case ev.ModelStepCompleted():
             _check_step(state, event, event.step)
-            if isinstance(event.response, Final):
-                state.transcript.append(FinalMessage(event.response.text))
+            response = event.response
+            if isinstance(response, Final):
+                state.transcript.append(FinalMessage(response.text))
+            elif response.text is not None or response.content is not None:
+                state.round_turn = AssistantMessage(event.step, response.text,
+                                                    response.content)
         case ev.ModelStepFailed():
             _check_step(state, event, event.step)
             if event.reason == "malformed":
@@ -412,14 +420,19 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             # ``inspect.check`` answers a dispatch past the recording's end with an empty
             # outcome, and its round still completes.
             _check_step(state, event, event.step)
-            calls = state.calls
+            calls, turn = state.calls, state.round_turn
             for eid in state.round_calls:
                 rec = calls[eid]
                 if rec.status in (None, "skipped"):
                     continue
-                state.transcript.append(CallMessage(rec.call_id, rec.tool, rec.arguments))
+                if turn is not None:  # right before the step's first call
+                    state.transcript.append(turn)
+                    turn = None
+                state.transcript.append(CallMessage(rec.call_id, rec.tool, rec.arguments,
+                                                    rec.step))
                 state.transcript.append(ToolResultMessage(rec.call_id, rec.status, rec.content))
             state.round_calls = []
+            state.round_turn = None
         case ev.OwnerClaimed():
             # epoch 0: a journal older than epochs, or "the next one"; the fold counts it.
             # (getattr: the field is being added to events.py alongside this.)
