@@ -44,6 +44,7 @@ from boundloop.events import (
     RunResumed,
     UsageCharged,
 )
+from boundloop.mcp import McpToolError, mcp_tools
 from boundloop.messages import (
     AssistantMessage,
     CallMessage,
@@ -76,7 +77,7 @@ __all__ = [
     "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
-    "tool", "Tool", "ToolContext", "RetryPolicy",
+    "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",
     # replay and journal events
     "replay", "apply", "RunState", "ReplayError", "events", "Event", "RunAdmitted",
     "ModelStepStarted", "ModelStepCompleted", "ModelStepFailed", "NoticeAdded", "UsageCharged",

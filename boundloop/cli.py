@@ -34,7 +34,8 @@ EXIT_JOURNAL = 4
 EXIT_INTERNAL = 70
 
 EXIT_CODES = (
-    "Exit codes: 0 ok; 1 replay found a mismatch or --check a divergence; 2 bad input; "
+    "Exit codes: 0 ok; 1 replay found a mismatch, --check a divergence, or verify a damaged "
+    "run; 2 bad input; "
     "3 unknown run id; 4 journal missing, locked or unreadable; 70 internal error."
 )
 
@@ -419,6 +420,59 @@ def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool) 
         click.echo(f"kept {run_id}: {why}")
 
 
+# -- integrity -----------------------------------------------------------------------------
+@cli.command()
+@journal_option
+@json_option("a list of {run_id, head, ok, error}")
+@click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
+def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None:
+    """Check the hash chain of every run (or of RUN_IDs): one line per run with its id, its
+    chain head in hex (keep it to prove the run unchanged later) and ok or what is damaged.
+    Exits 1 if any run is damaged. Read-only."""
+    from boundloop.inspect import key_file_warning, verify_journal
+
+    where = journal_dir(journal)
+    warning = key_file_warning(where)
+    if warning:
+        click.echo(f"boundloop: warning: {warning}", err=True)
+    # In a child process: LMDB crashing on damaged pages of its own is reported as damage.
+    reports = verify_journal(where, run_ids)
+    if as_json:
+        _echo_json(reports)
+    else:
+        if not reports:
+            click.echo("boundloop: no runs in this journal", err=True)
+        for r in reports:
+            click.echo(f"{r.run_id}  {r.head or '-'}  "
+                       + ("ok" if r.ok else f"DAMAGED {r.error}"))
+    damaged = [r.run_id for r in reports if not r.ok]
+    if damaged:
+        click.echo(f"boundloop: {len(damaged)} of {len(reports)} runs damaged: "
+                   f"{', '.join(damaged)}", err=True)
+        click.get_current_context().exit(EXIT_MISMATCH)
+
+
+@cli.command()
+@journal_option
+@json_option("the sizes")
+def compact(journal: str | None, as_json: bool) -> None:
+    """Rewrite the journal to reclaim the space of pruned runs (LMDB files never shrink by
+    themselves). Crash-safe: the old journal stays whole until the new one replaces it.
+    Refused while a runner or any other process has the journal open."""
+    from boundloop.inspect import compact as do_compact
+
+    report = do_compact(journal_dir(journal))
+    if as_json:
+        _echo_json(report)
+        return
+    click.echo(f"compacted {report.journal}: data.mdb {report.before} bytes before, "
+               f"{report.after} bytes after ({_mb(report.before)} -> {_mb(report.after)})")
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
 # -- export --------------------------------------------------------------------------------
 @cli.command()
 @journal_option
@@ -439,11 +493,26 @@ def export(journal: str | None, run_id: str, strip_content: bool, output: str | 
     if output is None:
         click.echo(text, nl=False)
         return
+    _write_private(output, text)
+
+
+def _write_private(output: str, text: str) -> None:
+    """Write ``text`` to the file ``output``, made ``0600`` whatever the umask (SPEC 9); a
+    symbolic link is not followed."""
+    import errno
+    import stat
+
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        with open(output, "w", encoding="utf-8") as f:
+        fd = os.open(output, flags, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                os.fchmod(fd, 0o600)  # an existing file too
             f.write(text)
     except OSError as exc:
-        raise click.BadParameter(f"cannot write {output}: {exc.strerror or exc}",
+        why = ("it is a symbolic link, which is not followed; give the file's own path"
+               if exc.errno == errno.ELOOP else exc.strerror or str(exc))
+        raise click.BadParameter(f"cannot write {output}: {why}",
                                  param_hint="'--output'") from None
 
 
@@ -586,6 +655,29 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
                                                  pidns)))
     if not report.ok:
         click.get_current_context().exit(EXIT_MISMATCH)
+
+
+# -- stats ---------------------------------------------------------------------------------
+@cli.command()
+@journal_option
+@json_option("the figures")
+@click.option("--since", type=DURATION, default=None, metavar="AGE",
+              help="Only what happened within AGE (e.g. 24h, 7d); default: everything.")
+@click.option("--by", "by", type=click.Choice(["tool", "status", "limit"]), default=None,
+              help="Also group the figures by tool, run status or limit hit.")
+def stats(journal: str | None, as_json: bool, since: float | None, by: str | None) -> None:
+    """The telemetry's figures computed from the journal alone (SPEC 11): runs by status,
+    limit hits, unknown outcomes, retries, reconciliations, reviews, tokens by kind, cost per
+    finished run, run duration and model and tool latency."""
+    from boundloop.inspect import open_journal
+    from boundloop.stats import from_journal, render
+
+    with open_journal(journal_dir(journal), readonly=True) as j:
+        figures = from_journal(j, since_s=since, by=by)  # type: ignore[arg-type]
+    if as_json:
+        _echo_json(figures)
+    else:
+        click.echo(render(figures))
 
 
 # -- entry point ---------------------------------------------------------------------------

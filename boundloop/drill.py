@@ -1,26 +1,57 @@
-"""``boundloop drill``: a crash-recovery drill anyone can run.
+"""``boundloop drill``: a crash-recovery and ownership drill anyone can run.
 
-Worker processes drive many runs whose tools append one ledger line per real side effect,
-keyed by idempotency key (``charge`` is idempotent, ``ship`` irreversible, ``book`` has
-``reconcile``). The drill SIGKILLs workers at random moments and restarts them; restarted
-workers recover and resume the orphaned runs; at the end a "person" resolves what needs
-review from the ledger (the ground truth). Then the journal is checked against the ledger.
+Worker processes drive many runs on one journal; their tools append one ledger line per
+real side effect, keyed by idempotency key and stamped with the run, the fencing epoch
+(``ctx.epoch``), the worker and the moment the handler started (``charge`` is idempotent,
+``ship`` irreversible, ``book`` has ``reconcile``). The drill injects faults at random
+moments: SIGKILL (the worker is restarted), and with ``--pause`` SIGSTOP past the lease
+(the other workers take its runs over; then SIGCONT, and it wakes as a zombie). Every
+worker keeps taking over orphaned runs while it works (``recover`` + ``resume`` every half
+lease). At the end a "person" resolves what needs review from the ledger (the ground
+truth). Then the journal is checked against the ledger and the workers' own logs:
+
+* nothing irreversible ran twice, nothing ran without a recorded intent, the journal never
+  says an action did (not) happen when the ledger says otherwise;
+* every run is whole (sequences 1..n, the strict fold replays it, its RunFinished matches
+  the fold), its claims raise the epoch by exactly one each time;
+* every result a worker was given (``final``, ``needs_review``...) is in the journal, in
+  the stretch that worker owned (no acknowledged append lost);
+* every ``CallSucceeded`` recorded at epoch *k* is backed by a side effect executed at
+  epoch *k* (a zombie's late append was never accepted); the refusals the zombies saw
+  (``LeaseLost``) are counted;
+* no attempt started after its run was claimed by a later epoch (zombie execution: a
+  handler already running when its worker froze may finish, that is what review is for);
+* every takeover came within lease + claim interval (+ slack) of its owner's death or
+  freeze.
+
+For a paused worker to be taken over it must be judged by its lease: with ``--pause`` each
+worker runs in its own pid namespace (``unshare --pid --fork --mount-proc``, as a container
+would) when this process is root and unshare(1) works. On one pid namespace a paused worker
+is alive by SPEC 6 (its process exists), so it is never taken over; the pauses are injected
+all the same and the report says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import random
+import select
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_all
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -31,6 +62,19 @@ from boundloop.tools import Tool, ToolContext, tool
 TOOLS = ("charge", "ship", "book")
 ARGS: dict[str, dict[str, Any]] = {"charge": {"amount": 7}, "ship": {"item": "parcel"},
                                    "book": {"room": "r1"}}
+#: A takeover may come this much later than lease + claim interval on a loaded machine
+#: (a sweep reads every open run; a worker that just started needs ~0.5 s to sweep).
+SLACK_S = 1.0
+#: Pauses last this many leases (some end before a takeover, most after one).
+PAUSE_LEASES = (1.2, 2.5)
+#: How long a probe may wait for the locks the workers share before the drill concludes the
+#: frozen worker holds one (and lets it go at once: a pause inside an LMDB commit or
+#: reader-slot registration stalls every process of the journal, which is not the fault
+#: under test).
+WRITE_LOCK_PROBE_S = 0.25
+#: Explanations of a run that stopped because of its ownership (SPEC 6).
+REFUSED = "this runner stopped driving it"  # the journal refused a fenced append
+SELF_FENCED = "fenced itself"  # the runner's own lease ran out: it started nothing more
 
 
 class DrillReport(msgspec.Struct):
@@ -51,13 +95,42 @@ class DrillReport(msgspec.Struct):
     replay_mismatches: int = 0
     runs_not_final: int = 0
     elapsed_s: float = 0.0
+    # -- ownership (SPEC 6) ---------------------------------------------------------------
+    workers: int = 2
+    lease_s: float = 1.0
+    pid_namespaces: bool = False
+    faults_injected: int = 0
+    pauses_injected: int = 0
+    pauses_backed_off: int = 0
+    worker_lives: int = 0
+    takeovers: int = 0
+    takeovers_after_kill: int = 0
+    takeovers_after_pause: int = 0
+    takeovers_of_live_owners: int = 0
+    takeovers_at_end: int = 0
+    zombie_appends_refused: int = 0
+    zombie_appends_accepted: int = 0
+    self_fenced: int = 0
+    zombie_executions: int = 0
+    late_attempts_refused: int = 0
+    epoch_mismatches: int = 0
+    epoch_gaps: int = 0
+    acks_checked: int = 0
+    acks_lost: int = 0
+    worker_errors: int = 0
+    max_unowned_s: float = 0.0
+    unowned_bound_s: float = 0.0
+    notes: list[str] = msgspec.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """True when every invariant held."""
         return not (self.unresolved_missed or self.unresolved_spurious
                     or self.executed_without_intent or self.duplicate_executions
-                    or self.events_lost or self.replay_mismatches or self.runs_not_final)
+                    or self.events_lost or self.replay_mismatches or self.runs_not_final
+                    or self.zombie_appends_accepted or self.zombie_executions
+                    or self.epoch_mismatches or self.epoch_gaps or self.acks_lost
+                    or self.worker_errors or self.max_unowned_s > self.unowned_bound_s)
 
 
 # -- what runs inside a worker ------------------------------------------------------------
@@ -82,16 +155,34 @@ def drill_model(seed: int) -> Callable[[list[Message], Any], Any]:
     return model
 
 
-def ledger(path: Path) -> list[tuple[str, str]]:
-    """Every real side effect so far: (idempotency key, tool)."""
+class Effect(NamedTuple):
+    """One real side effect, as its ledger line says."""
+
+    key: str
+    tool: str
+    run_id: str = ""
+    epoch: int = 0
+    worker: str = ""
+    started: float = 0.0  # wall-clock time the handler started
+
+
+def effects(path: Path) -> list[Effect]:
+    """Every real side effect so far, in ledger order."""
     if not path.exists():
         return []
     out = []
     for line in path.read_text().splitlines():
-        key, _, name = line.partition(" ")
-        if name:
-            out.append((key, name))
+        f = line.split()
+        if len(f) >= 6:
+            out.append(Effect(f[0], f[1], f[2], int(f[3]), f[4], float(f[5])))
+        elif len(f) >= 2:
+            out.append(Effect(f[0], f[1]))
     return out
+
+
+def ledger(path: Path) -> list[tuple[str, str]]:
+    """Every real side effect so far: (idempotency key, tool)."""
+    return [(e.key, e.tool) for e in effects(path)]
 
 
 def ledger_size(path: Path) -> int:
@@ -103,17 +194,91 @@ def ledger_size(path: Path) -> int:
         return 0
 
 
-def drill_tools(ledger_path: Path) -> list[Tool]:
+def _append_line(path: Path | str, text: str) -> None:
+    """One line in one write(2) on an O_APPEND file: whole, even if the process dies."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, (text + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+class StaleAttempt(Exception):
+    """The downstream refused an attempt: its key was seen at a later epoch, or it was
+    reconciled (and so fenced) as not done."""
+
+
+class Downstream:
+    """What the drill's tools act on: a ledger of real side effects that honours the
+    fencing token (SPEC 6), as a careful downstream system would.
+
+    Per idempotency key it keeps the highest epoch seen, and refuses an attempt of a lower
+    epoch (a zombie's late attempt, after a takeover retried the key). Its reconcile says
+    whether the key took effect and, if not, fences the key: ``reconcile`` is given the key
+    alone, so this is the only way a late attempt of the old owner (frozen inside its
+    handler, still running) cannot land after the new owner was told "not done". Refused
+    attempts go to ``<ledger>.refused``. One lock file serialises it across processes.
+    """
+
+    def __init__(self, ledger_path: Path) -> None:
+        self.ledger = ledger_path
+        self.refused = ledger_path.with_name(ledger_path.name + ".refused")
+        self.keys = ledger_path.with_name(ledger_path.name + ".keys")
+        self.lock = ledger_path.with_name(ledger_path.name + ".lock")
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # and the lock with it (a killed holder releases it too)
+
+    def _seen(self, key: str) -> str:
+        try:
+            return (self.keys / key).read_text()
+        except FileNotFoundError:
+            return ""
+
+    def _mark(self, key: str, value: str) -> None:
+        self.keys.mkdir(exist_ok=True)
+        tmp = self.keys / f".{key}.{os.getpid()}"
+        tmp.write_text(value)
+        os.replace(tmp, self.keys / key)
+
+    def act(self, key: str, epoch: int, line: str) -> None:
+        """Perform the side effect ``line`` describes, unless its epoch is stale."""
+        with self._locked():
+            seen = self._seen(key)
+            if seen == "fenced" or (seen and int(seen) > epoch):
+                _append_line(self.refused, line)
+                raise StaleAttempt(f"key {key} is at epoch {seen}; attempt of epoch {epoch} "
+                                   "refused")
+            if not seen or int(seen) < epoch:
+                self._mark(key, str(epoch))  # first: a kill after it leaves no effect
+            _append_line(self.ledger, line)
+
+    def reconcile(self, key: str) -> bool:
+        """Whether ``key`` took effect; when not, no attempt of it ever will."""
+        with self._locked():
+            if any(k == key for k, _ in ledger(self.ledger)):
+                return True
+            self._mark(key, "fenced")
+            return False
+
+
+def drill_tools(ledger_path: Path, worker: str = "w") -> list[Tool]:
     """The drill's tools: each appends one ledger line per real side effect."""
     rng = random.Random()
+    downstream = Downstream(ledger_path)
 
     def act(name: str, ctx: ToolContext) -> str:
+        started = time.time()  # first thing: a zombie execution is one that started late
         time.sleep(rng.random() * 0.004)
-        fd = os.open(ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, f"{ctx.idempotency_key} {name}\n".encode())
-        finally:
-            os.close(fd)
+        downstream.act(ctx.idempotency_key, ctx.epoch,
+                       f"{ctx.idempotency_key} {name} {ctx.run_id} {ctx.epoch} {worker} "
+                       f"{started:.6f}")
         time.sleep(rng.random() * 0.004)
         return f"{name} done"
 
@@ -126,7 +291,7 @@ def drill_tools(ledger_path: Path) -> list[Tool]:
         return act("ship", ctx)
 
     def booked(key: str) -> str | None:
-        return "book done" if any(k == key for k, _ in ledger(ledger_path)) else None
+        return "book done" if downstream.reconcile(key) else None
 
     @tool(reconcile=booked, timeout_s=10)
     def book(room: str, ctx: ToolContext) -> str:
@@ -136,93 +301,458 @@ def drill_tools(ledger_path: Path) -> list[Tool]:
 
 
 def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrency: int,
-           log: str) -> None:
-    """A worker: resume orphans it can take, then start its runs not yet in the journal."""
+           log: str, *, lease_s: float = 30.0, name: str = "w", notes: str | None = None,
+           linger: str | None = None) -> None:
+    """A worker: take over orphans it can, start its runs not yet in the journal, and
+    keep taking over orphans (every ``lease_s / 2``) until its runs are done.
+
+    ``log`` gets a line per recovered run; ``notes`` (a jsonl file) a line per RunResult
+    this worker was given and per unexpected error. When the file ``linger`` exists once
+    its runs are done, the worker stays, taking over, until no run is open.
+    """
+    from boundloop.errors import BoundloopError
+    from boundloop.results import RunResult
     from boundloop.runner import Runner
 
-    tools = drill_tools(Path(ledger_path))
+    tools = drill_tools(Path(ledger_path), name)
     model = drill_model(seed)
-    with Runner(journal, max_in_flight=concurrency * 4) as runner:
-        print("ready", flush=True)
-        recovered = runner.recover()
-        with open(log, "a") as out:
+
+    def note(record: dict[str, Any]) -> None:
+        if notes is not None:
+            _append_line(notes, json.dumps({"worker": name, **record}))
+
+    with Runner(journal, max_in_flight=concurrency * 4, lease_s=lease_s) as runner:
+        print(f"ready {runner.owner} {time.time():.6f}", flush=True)
+        resumed: list[Future[RunResult]] = []
+        lock = threading.Lock()
+
+        def acked(future: Future[RunResult]) -> None:
+            try:
+                r = future.result()
+            except Exception as exc:  # noqa: BLE001 - noted, and counted as a failure
+                note({"kind": "error", "where": "result", "error": repr(exc)})
+                return
+            note({"kind": "result", "run_id": r.run_id, "status": r.status,
+                  "tool_calls": r.tool_calls, "model_steps": r.model_steps,
+                  "owner": runner.owner,
+                  "explanation": r.explanation if r.status == "journal_unavailable" else ""})
+
+        def sweep() -> None:
+            try:
+                recovered = runner.recover()
+            except BoundloopError as exc:
+                note({"kind": "error", "where": "recover", "error": repr(exc)})
+                return
             for r in recovered:
-                out.write(json.dumps({"run_id": r.run_id, "unresolved": [
-                    [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}) + "\n")
-        futures = [runner.submit_resume(r.run_id, model, tools) for r in recovered]
-        for future in futures:
-            future.result()
+                _append_line(log, json.dumps({"run_id": r.run_id, "by": name, "unresolved": [
+                    [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}))
+                try:
+                    future = runner.submit_resume(r.run_id, model, tools)
+                except BoundloopError:
+                    continue  # claimed by another runner meanwhile, or in flight here
+                with lock:
+                    resumed.append(future)
+
+        stop = threading.Event()
+
+        def settled() -> None:
+            with lock:
+                done = [f for f in resumed if f.done()]
+                resumed[:] = [f for f in resumed if not f.done()]
+            for f in done:
+                acked(f)
+
+        def sweeping() -> None:
+            while not stop.wait(lease_s / 2):
+                try:
+                    settled()
+                    sweep()
+                except Exception as exc:  # noqa: BLE001 - noted, and the sweeps go on
+                    note({"kind": "error", "where": "sweep", "error": repr(exc)})
+
+        sweep()
+        sweeper = threading.Thread(target=sweeping, name="drill-sweeper", daemon=True)
+        sweeper.start()
         todo = [r for r in Path(runs_file).read_text().split() if runner.journal.find(r) is None]
         for i in range(0, len(todo), concurrency):
             batch = [runner.submit(model, tools, "run the plan", run_id=r)
                      for r in todo[i:i + concurrency]]
+            wait_all(batch)
             for future in batch:
-                future.result()
+                acked(future)
+        print("idle", flush=True)  # its own runs are done
+        if linger is not None and Path(linger).exists():
+            # The last workers: stay until every run is done, taking over what is left.
+            give_up = time.monotonic() + 60 + 20 * lease_s
+            while time.monotonic() < give_up:
+                with lock:
+                    busy = any(not f.done() for f in resumed)
+                if not busy and next(iter(runner.journal.open_runs()), None) is None:
+                    break
+                time.sleep(lease_s / 4)
+        stop.set()
+        sweeper.join()
+        with lock:
+            wait_all(list(resumed))
+        settled()
+    print(f"bye {time.time():.6f}", flush=True)  # the moment it left, for the takeovers
+
+
+def _worker_main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="python -m boundloop.drill worker")
+    for name in ("journal", "ledger", "runs_file", "seed", "concurrency", "log"):
+        ap.add_argument(name)
+    ap.add_argument("--lease", type=float, default=30.0)
+    ap.add_argument("--name", default="w")
+    ap.add_argument("--notes", default=None)
+    ap.add_argument("--linger", default=None)
+    ap.add_argument("--pid", type=int, default=0,
+                    help="as pid 1 of a new pid namespace: run the worker as this pid")
+    a = ap.parse_args(argv)
+    if a.pid > 1 and os.getpid() == 1:
+        # Pid 1 of a new namespace: run the worker from pid ``a.pid`` on (see _TidBlocks).
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(a.pid - 1))
+        child = os.fork()
+        if child:
+            _, status = os.waitpid(child, 0)
+            sys.stdout.flush()
+            os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+    worker(a.journal, a.ledger, a.runs_file, int(a.seed), int(a.concurrency), a.log,
+           lease_s=a.lease, name=a.name, notes=a.notes, linger=a.linger)
 
 
 # -- the drill ----------------------------------------------------------------------------
-def _spawn(base: Path, n: int, runs: list[str], seed: int, concurrency: int) -> Any:
-    runs_file = base / f"runs-{n}.txt"
+def can_unshare() -> bool:
+    """True when workers can get pid namespaces of their own (root and unshare(1))."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        return False
+    try:
+        return subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"],
+                              capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+class _Life(msgspec.Struct):
+    """One worker process, from spawn to exit."""
+
+    name: str
+    slot: int
+    piece: list[str]
+    proc: Any
+    out: Path
+    err: Path
+    owner: str = ""
+    killed_at: float = 0.0
+    exited_at: float = 0.0
+    pauses: list[list[float]] = msgspec.field(default_factory=list)  # [stopped, resumed]
+    resume_at: float = 0.0
+    idle: bool = False  # its own runs are done (it may linger, taking over)
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.pauses) and self.pauses[-1][1] == 0.0
+
+    def ready(self) -> bool:
+        if not self.owner:
+            try:
+                words = self.out.read_text().split()
+            except OSError:
+                return False
+            if len(words) >= 2 and words[0] == "ready":
+                self.owner = words[1]
+        return bool(self.owner)
+
+    def working(self) -> bool:
+        """True until the worker says its own runs are done."""
+        if not self.idle and self.ready():
+            self.idle = "idle" in self.out.read_text().split()
+        return not self.idle
+
+    def signal(self, sig: int) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class _Lines:
+    """Counts the lines of a growing file, reading only what was added."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.count = path, 0, 0
+
+    def __call__(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return self.count
+        self.offset += len(data)
+        self.count += data.count(b"\n")
+        return self.count
+
+
+_PROBE = r"""
+import fcntl, os, sys, lmdb
+env = lmdb.open(sys.argv[1], map_size=1 << 30, max_dbs=8, subdir=True, create=False)
+for _ in sys.stdin:
+    for _ in range(3):
+        try:
+            env.begin(write=True).abort()  # the writer's mutex
+            # Two readers at once: the second takes a new reader slot, under the reader
+            # table's mutex (the first reuses the spare one).
+            a = env.begin()
+            env.begin().abort()
+            a.abort()
+            break
+        except lmdb.MapResizedError:
+            env.set_mapsize(0)
+    fd = os.open(sys.argv[2], os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the drill's downstream
+    os.close(fd)
+    sys.stdout.write("ok\n")
+    sys.stdout.flush()
+"""
+
+
+class _WriteLockProbe:
+    """Tells whether the locks every worker shares can be taken: the journal's writer and
+    reader-table mutexes (LMDB) and the downstream's lock. A process of its own: LMDB
+    allows one environment per process, and the drill's own Runner comes later."""
+
+    def __init__(self, journal: Path, downstream: Path) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(journal),
+                                      str(downstream)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def free(self, timeout: float, on_wait: Callable[[], None]) -> bool:
+        """True when the lock was taken within ``timeout``; else calls ``on_wait`` (which
+        must let the holder go) and waits for the probe's answer."""
+        stdin, stdout = self.proc.stdin, self.proc.stdout
+        assert stdin is not None and stdout is not None
+        stdin.write("probe\n")
+        stdin.flush()
+        ready, _, _ = select.select([stdout], [], [], timeout)
+        if not ready:
+            on_wait()
+        if not stdout.readline():
+            raise RuntimeError("the drill's write-lock probe died")
+        return bool(ready)
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=10)
+
+
+class _TidBlocks:
+    """Ranges of thread ids for the workers' pid namespaces, never two alike at once.
+
+    LMDB tells processes apart by pid (reader slots: two pid-1 processes cannot even open
+    one journal) and its robust mutexes name their holder by thread id, which is unique
+    only within a pid namespace: when a thread is killed while it waits for a mutex that a
+    thread of another namespace with the same id holds, the kernel declares the holder dead,
+    a third process takes the mutex too, and LMDB's exclusion is gone (seen here as
+    segfaults in glibc's robust-list code). So each worker's namespace starts its thread ids
+    at its own block of ``SIZE`` (``ns_last_pid``), away from the blocks of the workers
+    alive, of those that died lately, and of the drill's probe (of this pid namespace).
+    """
+
+    SIZE = 1000
+    GRACE_S = 2.0  # a block is reused this long after its worker was reaped, at the soonest
+
+    def __init__(self) -> None:
+        self.count = max(2, _pid_max() // self.SIZE)
+        self.busy: dict[int, str] = {}  # block -> worker
+        self.freed: dict[int, float] = {}  # block -> when its worker was reaped
+        self.avoid: set[int] = set()
+        self.next = 1
+
+    def take(self, name: str) -> int:
+        """The first pid of a block for worker ``name``."""
+        for _ in range(2):
+            for i in range(self.count - 1):
+                b = 1 + (self.next - 1 + i) % (self.count - 1)
+                if b in self.busy or b in self.avoid or (
+                        b in self.freed and time.monotonic() - self.freed[b] < self.GRACE_S):
+                    continue
+                self.next = b + 1
+                self.busy[b] = name
+                return b * self.SIZE
+            time.sleep(0.5)
+        raise RuntimeError("no block of thread ids is free for another worker")
+
+    def give_back(self, name: str) -> None:
+        for b, who in list(self.busy.items()):
+            if who == name:
+                del self.busy[b]
+                self.freed[b] = time.monotonic()
+
+
+def _pid_max() -> int:
+    try:
+        return int(Path("/proc/sys/kernel/pid_max").read_text())
+    except (OSError, ValueError):
+        return 32768
+
+
+def _spawn(base: Path, n: int, slot: int, runs: list[str], seed: int, concurrency: int,
+           lease_s: float = 30.0, pidns: bool = False,
+           tids: _TidBlocks | None = None) -> _Life:
+    name = f"w{n}"
+    runs_file = base / "pieces" / f"runs-{n}.txt"
+    runs_file.parent.mkdir(exist_ok=True)
     runs_file.write_text("\n".join(runs))
-    return subprocess.Popen(
-        [sys.executable, "-m", "boundloop.drill", "worker", str(base / "journal"),
-         str(base / "ledger"), str(runs_file), str(seed), str(concurrency),
-         str(base / "recovered.jsonl")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    logs = base / "logs"
+    logs.mkdir(exist_ok=True)
+    argv = [sys.executable, "-m", "boundloop.drill", "worker", str(base / "journal"),
+            str(base / "ledger"), str(runs_file), str(seed), str(concurrency),
+            str(base / "recovered.jsonl"), "--lease", str(lease_s), "--name", name,
+            "--notes", str(logs / f"{name}.jsonl"), "--linger", str(base / "linger")]
+    if pidns:
+        first = (tids or _TidBlocks()).take(name)
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv, "--pid", str(first)]
+    out, err = logs / f"{name}.out", logs / f"{name}.err"
+    with open(out, "wb") as o, open(err, "wb") as e:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=o, stderr=e,
+                                start_new_session=True)
+    return _Life(name, slot, runs, proc, out, err)
 
 
 def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
-              concurrency: int = 4, out: Callable[[str], None] = print) -> DrillReport:
+              concurrency: int = 4, out: Callable[[str], None] = print, *,
+              pause: bool = False, lease_s: float = 1.0,
+              pidns: bool | None = None) -> DrillReport:
     """Run the drill in directory ``base`` and return its report.
+
+    ``kills`` is the number of faults to inject: SIGKILLs, and with ``pause`` also SIGSTOPs
+    past the lease (about half, at most ``workers - 1`` workers frozen at once). ``pidns``
+    (default: ``pause`` and available) runs each worker in its own pid namespace.
 
     Work is handed out in small slices, one per worker life, so the kills spread over the
     whole workload; a killed worker's slice goes back to the queue (the next worker skips
-    runs already started, and whoever recovers takes the orphans).
+    runs already started; whoever sweeps first takes the orphans over).
     """
     from boundloop.runner import Runner
 
     started = time.monotonic()
     rng = random.Random(seed)
     base.mkdir(parents=True, exist_ok=True)
+    if pidns is None:
+        pidns = pause and can_unshare()
     run_ids = [f"drill-{seed}-{i:05d}" for i in range(runs)]
-    size = max(1, runs // (kills + workers))
+    expected_kills = kills // 2 if pause else kills
+    size = max(1, runs // (expected_kills + workers))
     queue = [run_ids[i:i + size] for i in range(0, runs, size)]
-    report = DrillReport(runs)
-    procs: dict[int, tuple[Any, list[str]]] = {}
-    lives = 0
-    while queue or procs:
-        for w in range(workers):
-            if w not in procs and queue:
-                lives += 1
-                piece = queue.pop(0)
-                procs[w] = (_spawn(base, lives, piece, seed, concurrency), piece)
-        w = rng.choice(sorted(procs))
-        p, piece = procs[w]
-        if p.stdout is not None:
-            p.stdout.readline()  # wait until it is up
-        if report.crashes_injected < kills:
-            # Let it do a random part of its slice, then kill it a few milliseconds later:
-            # inside a handler, between handlers, or in a commit.
-            target = ledger_size(base / "ledger") + rng.randint(1, 4 * len(piece))
-            while p.poll() is None and ledger_size(base / "ledger") < target:
-                time.sleep(0.002)
-            time.sleep(rng.uniform(0.0, 0.005))
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                report.crashes_injected += 1
-                out(f"  kill {report.crashes_injected}/{kills}: pid {p.pid}")
-                queue.insert(0, piece)
-        p.wait()
-        if p.returncode not in (0, -signal.SIGKILL):
-            err = p.stderr.read()[-2000:] if p.stderr else ""
-            raise RuntimeError(f"drill worker failed ({p.returncode}): {err}")
-        del procs[w]
-    # The person: resolve what needs review from the ledger, then resume, until done.
-    tools = drill_tools(base / "ledger")
-    with Runner(base / "journal") as runner:
-        recovered = runner.recover()  # anything a last kill left behind
-        for r in recovered:
-            runner.resume(r.run_id, drill_model(seed), tools)
+    report = DrillReport(runs, workers=workers, lease_s=lease_s, pid_namespaces=pidns,
+                         unowned_bound_s=round(lease_s * 1.5 + SLACK_S, 3))
+    if pause and not pidns:
+        report.notes.append("the workers share one pid namespace: a paused worker is alive "
+                            "by SPEC 6 (its process exists), so its runs are never taken "
+                            "over; pauses test self-fencing only")
+    lines = _Lines(base / "ledger")
+    expected_lines = 3 * runs
+
+    def next_fault(previous: int) -> int:
+        # The faults left, spread over the side effects left; counted from the previous
+        # fault's mark, so faults delayed (no worker up to take one) catch up.
+        left = max(kills - report.faults_injected, 1)
+        gap = max(1, int(0.8 * (expected_lines - lines()) / left))
+        return previous + rng.randint(1, 2 * gap - 1 if gap > 1 else 1)
+
+    trigger = next_fault(0)
+    tids = _TidBlocks()
+    probe: _WriteLockProbe | None = None
+    if pause:
+        # The probe first (on a journal made for it), so no worker's block holds its pid.
+        with Runner(base / "journal", lease_s=lease_s):
+            pass
+        probe = _WriteLockProbe(base / "journal", Downstream(base / "ledger").lock)
+        tids.avoid.add(probe.proc.pid // _TidBlocks.SIZE)
+    procs: dict[int, _Life] = {}
+    lives: list[_Life] = []
+    lingering: set[int] = set()  # slots given a last, lingering worker
+    try:
+        while queue or procs:
+            now = time.time()
+            for slot, life in list(procs.items()):
+                if life.proc.poll() is None:
+                    continue
+                life.exited_at = life.exited_at or now
+                tids.give_back(life.name)
+                if life.proc.returncode not in (0, -signal.SIGKILL):
+                    err = life.err.read_text()[-2000:]
+                    raise RuntimeError(f"drill worker {life.name} failed "
+                                       f"({life.proc.returncode}): {err}")
+                del procs[slot]
+            if not queue and not (base / "linger").exists():
+                (base / "linger").touch()  # from now on workers stay until all is done
+            for slot in range(workers):
+                if slot in procs or (not queue and slot in lingering):
+                    continue
+                piece = queue.pop(0) if queue else []
+                if not queue:
+                    lingering.add(slot)
+                life = _spawn(base, len(lives) + 1, slot, piece, seed, concurrency,
+                              lease_s, pidns, tids)
+                lives.append(life)
+                procs[slot] = life
+            for life in procs.values():
+                if life.paused and now >= life.resume_at:
+                    life.signal(signal.SIGCONT)
+                    life.pauses[-1][1] = time.time()
+                    _fault(base, "resume", life, life.pauses[-1][1])
+            if report.faults_injected < kills and lines() >= trigger \
+                    and (queue or any(life.working() for life in procs.values())):
+                live = [life for life in procs.values()
+                        if not life.paused and life.proc.poll() is None and life.ready()]
+                frozen = sum(life.paused for life in procs.values())
+                if live:
+                    life = rng.choice(live)
+                    want_pause = pause and frozen < workers - 1 and rng.random() < 0.5
+                    time.sleep(rng.uniform(0.0, 0.005))
+                    if want_pause and probe is not None:
+                        if _pause(life, probe, rng, lease_s, report, kills, out):
+                            trigger = next_fault(trigger)
+                    elif life.proc.poll() is None:
+                        life.killed_at = time.time()
+                        life.signal(signal.SIGKILL)
+                        _fault(base, "kill", life, life.killed_at)
+                        report.crashes_injected += 1
+                        report.faults_injected += 1
+                        out(f"  kill {report.faults_injected}/{kills}: {life.name} "
+                            f"(pid {life.proc.pid})")
+                        if life.piece:
+                            queue.insert(0, life.piece)
+                        lingering.discard(life.slot)
+                        trigger = next_fault(trigger)
+            time.sleep(0.003)
+    finally:
+        for life in procs.values():
+            life.signal(signal.SIGCONT)
+            life.signal(signal.SIGKILL)
+            life.proc.wait()
+        if probe is not None:
+            probe.close()
+    report.worker_lives = len(lives)
+    # The person: take over what is left (leases must run out first), resolve what needs
+    # review from the ledger, then resume, until done.
+    tools = drill_tools(base / "ledger", "person")
+    with Runner(base / "journal", lease_s=lease_s) as runner:
+        give_up = time.monotonic() + 10 + 4 * lease_s
+        while True:
+            for r in runner.recover():
+                _append_line(base / "recovered.jsonl", json.dumps({
+                    "run_id": r.run_id, "by": "person", "unresolved": [
+                        [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}))
+                runner.resume(r.run_id, drill_model(seed), tools)
+            if next(iter(runner.journal.open_runs()), None) is None \
+                    or time.monotonic() > give_up:
+                break
+            time.sleep(lease_s / 4)
         for _ in range(4):
             keys = {k for k, _ in ledger(base / "ledger")}
             waiting = [i for i in run_ids if runner.state(i).status == "needs_review"]
@@ -234,22 +764,97 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                     runner.resolve(run_id, action.execution_id, outcome, note="ledger checked",
                                    by="drill")
                 runner.resume(run_id, drill_model(seed), tools)
-        _check(runner, base, run_ids, report)
+        _check(runner, base, run_ids, report, lives)
     report.elapsed_s = round(time.monotonic() - started, 2)
     return report
 
 
-def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport) -> None:
+def _fault(base: Path, kind: str, life: _Life, at: float) -> None:
+    """The drill's own record of what it did to whom, and when (``faults.jsonl``)."""
+    life.ready()
+    _append_line(base / "faults.jsonl", json.dumps({"kind": kind, "worker": life.name,
+                                                    "owner": life.owner, "at": at}))
+
+
+def _pause(life: _Life, probe: _WriteLockProbe, rng: random.Random, lease_s: float,
+           report: DrillReport, kills: int, out: Callable[[str], None]) -> bool:
+    """Freeze ``life`` past its lease; False when it was caught holding a lock the others
+    need (a journal commit...): then it is let go at once and a fault is tried again."""
+    if life.proc.poll() is not None:
+        return False
+    life.signal(signal.SIGSTOP)
+    stopped = time.time()
+    if not probe.free(WRITE_LOCK_PROBE_S, lambda: life.signal(signal.SIGCONT)):
+        report.pauses_backed_off += 1
+        return False
+    life.pauses.append([stopped, 0.0])
+    _fault(life.out.parent.parent, "pause", life, stopped)
+    life.resume_at = stopped + rng.uniform(*PAUSE_LEASES) * lease_s
+    report.pauses_injected += 1
+    report.faults_injected += 1
+    out(f"  pause {report.faults_injected}/{kills}: {life.name} (pid {life.proc.pid}) for "
+        f"{life.resume_at - stopped:.2f} s")
+    return True
+
+
+def _jsonl(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    out = []
+    for path in paths:
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue  # a line cut by a kill
+    return out
+
+
+def _segments(events: list[ev.Event]) -> list[tuple[int, str, ev.Event]]:
+    """Each event with the epoch and the owner in force where it was appended."""
+    epoch, owner = 0, ""
+    out = []
+    for e in events:
+        if isinstance(e, ev.RunAdmitted):
+            epoch, owner = 1, e.owner
+        elif isinstance(e, ev.OwnerClaimed):
+            epoch, owner = (e.epoch or epoch + 1), e.owner
+        out.append((epoch, owner, e))
+    return out
+
+
+def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
+           lives: list[_Life] | None = None) -> None:
     from boundloop.policy.replay import ReplayError, replay
 
-    lines = ledger(base / "ledger")
-    executions = Counter(k for k, _ in lines)
-    tool_of = dict(lines)
-    recovered = [json.loads(x) for x in (base / "recovered.jsonl").read_text().splitlines()] \
-        if (base / "recovered.jsonl").exists() else []
+    lives = lives or []
+    done = effects(base / "ledger")
+    executions = Counter(x.key for x in done)
+    tool_of = {x.key: x.tool for x in done}
+    recovered = _jsonl([base / "recovered.jsonl"])
     report.runs_recovered = len(recovered)
     report.unresolved_found = sum(len(r["unresolved"]) for r in recovered)
+    notes = _jsonl(sorted((base / "logs").glob("*.jsonl"))) if (base / "logs").exists() \
+        else []
+    for life in lives:
+        life.ready()  # read the owner id every worker printed, and when it left
+        words = life.out.read_text().split() if life.out.exists() else []
+        if "bye" in words and not life.killed_at:
+            life.exited_at = float(words[words.index("bye") + 1])
+    life_of = {life.owner: life for life in lives if life.owner}
+    owner_of = {life.name: life.owner for life in lives}
+    owner_of["person"] = runner.owner
+    by_run: dict[str, list[Effect]] = {}
+    for x in done:
+        by_run.setdefault(x.run_id, []).append(x)
+    refused = effects(Downstream(base / "ledger").refused)
+    report.late_attempts_refused = len(refused)
+    refused_by_run: dict[str, list[Effect]] = {}
+    for x in refused:
+        refused_by_run.setdefault(x.run_id, []).append(x)
+    finished_by: dict[str, list[tuple[str, str, int, int]]] = {}
     intents: dict[str, str] = {}
+    unowned: list[float] = []
+    takeovers: list[dict[str, Any]] = []
     for run_id in run_ids:
         pairs = list(runner.journal.read(run_id))
         if [s for s, _ in pairs] != list(range(1, len(pairs) + 1)) or not pairs:
@@ -279,35 +884,139 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport) -> 
                 report.unresolved_missed += 1  # the journal says it did not happen; it did
             if not ran and rec.status == "ok":
                 report.unresolved_spurious += 1  # the journal says it happened; it did not
+        # -- ownership ---------------------------------------------------------------------
+        segments = _segments(events)
+        epoch_owner: dict[int, str] = {}
+        claims: list[tuple[int, float]] = []
+        previous = 0
+        for epoch, owner, e in segments:
+            epoch_owner.setdefault(epoch, owner)
+            if isinstance(e, ev.OwnerClaimed):
+                if epoch != previous + 1:
+                    report.epoch_gaps += 1
+                claims.append((epoch, e.ts))
+                takeovers.append(_takeover(report, unowned, life_of, runner.owner,
+                                           epoch_owner.get(epoch - 1, ""), e))
+            if isinstance(e, ev.RunAdmitted | ev.OwnerClaimed):
+                previous = epoch
+            if isinstance(e, ev.RunFinished):
+                finished_by.setdefault(run_id, []).append(
+                    (owner, e.status, e.tool_calls, e.model_steps))
+            if isinstance(e, ev.CallSucceeded):
+                # Recorded at epoch k: the side effect must have run at epoch k, else an
+                # old owner's late append was accepted.
+                call = state.calls.get(e.execution_id)
+                key = call.idempotency_key if call is not None else ""
+                if not any(x.key == key and x.epoch == epoch for x in by_run.get(run_id, [])):
+                    report.zombie_appends_accepted += 1
+        for x in by_run.get(run_id, []) + refused_by_run.get(run_id, []):
+            if owner_of.get(x.worker) != epoch_owner.get(x.epoch):
+                report.epoch_mismatches += 1  # ran under a fencing token it did not hold
+            # An attempt that started after its run was claimed at a later epoch (whether
+            # or not the downstream then refused it).
+            late = [ts for epoch, ts in claims if epoch > x.epoch and ts < x.started]
+            if late:
+                report.zombie_executions += 1
+                _append_line(base / "zombies.jsonl", json.dumps({
+                    **x._asdict(), "claimed_at": min(late),
+                    "late_by_s": round(x.started - min(late), 6)}))
     report.executed_without_intent = sum(1 for k in executions if k not in intents)
     report.duplicate_executions = sum(n - 1 for k, n in executions.items()
                                       if n > 1 and tool_of.get(k) != "charge")
+    for n in notes:
+        if n.get("kind") == "error":
+            report.worker_errors += 1
+        elif n.get("kind") == "result":
+            if n["status"] == "journal_unavailable":
+                report.zombie_appends_refused += REFUSED in n["explanation"]
+                report.self_fenced += SELF_FENCED in n["explanation"]
+            elif n["status"] != "rejected":
+                # A result given to a worker: its RunFinished is in the journal, in the
+                # stretch that worker owned.
+                report.acks_checked += 1
+                if (n["owner"], n["status"], n["tool_calls"], n["model_steps"]) \
+                        not in finished_by.get(n["run_id"], []):
+                    report.acks_lost += 1
+    report.max_unowned_s = round(max(unowned, default=0.0), 3)
+    (base / "takeovers.jsonl").write_text("".join(json.dumps(t) + "\n" for t in takeovers))
+    (base / "lives.jsonl").write_text("".join(json.dumps(
+        {"worker": life.name, "owner": life.owner, "killed_at": life.killed_at,
+         "exited_at": life.exited_at, "pauses": life.pauses}) + "\n" for life in lives))
+
+
+def _takeover(report: DrillReport, unowned: list[float], life_of: dict[str, _Life],
+              person: str, previous: str, claim: ev.OwnerClaimed) -> dict[str, Any]:
+    """Count a takeover, and how long the run had nobody to drive it before it."""
+    record: dict[str, Any] = {"run_id": claim.run_id, "epoch": claim.epoch, "at": claim.ts,
+                              "by": claim.owner, "from": previous}
+    if claim.owner == person:
+        report.takeovers_at_end += 1
+        return {**record, "cause": "review"}
+    report.takeovers += 1
+    life = life_of.get(previous)
+    since, cause = 0.0, "unknown"
+    # A pause explains a claim made while the worker was frozen or just after it woke
+    # (before it renewed its lease).
+    stops = [] if life is None else [
+        stopped for stopped, resumed in life.pauses
+        if stopped <= claim.ts <= (resumed or claim.ts) + report.lease_s]
+    if life is None:
+        pass
+    elif life.killed_at and life.killed_at <= claim.ts:
+        report.takeovers_after_kill += 1
+        since, cause = life.killed_at, "kill"
+    elif life.exited_at and life.exited_at <= claim.ts:
+        since, cause = life.exited_at, "exit"  # it left a run it had fenced itself off
+    elif stops:
+        report.takeovers_after_pause += 1
+        since, cause = max(stops), "pause"
+    else:
+        report.takeovers_of_live_owners += 1  # its lease ran out while it ran
+        cause = "live"
+    if since:
+        unowned.append(claim.ts - since)
+        record["unowned_s"] = round(claim.ts - since, 3)
+    return {**record, "cause": cause}
 
 
 def format_report(report: DrillReport, command: str) -> str:
     """The report as aligned lines, ending with the command that reproduces it."""
-    rows = [(f.replace("_", " "), getattr(report, f)) for f in report.__struct_fields__]
+    rows = [(f.replace("_", " "), getattr(report, f)) for f in report.__struct_fields__
+            if f != "notes"]
     width = max(len(k) for k, _ in rows)
     body = "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
     verdict = "PASS" if report.ok else "FAIL"
-    return f"crash-recovery drill: {verdict}\n{body}\nreproduce: {command}"
+    notes = "".join(f"\nnote: {n}" for n in report.notes)
+    return f"crash-recovery drill: {verdict}\n{body}{notes}\nreproduce: {command}"
+
+
+def command(runs: int, kills: int, seed: int, workers: int = 2, pause: bool = False,
+            lease_s: float = 1.0, pidns: bool | None = None) -> str:
+    """The ``boundloop drill`` command line of these settings."""
+    extra = (f" --workers {workers}" if workers != 2 else "") + (" --pause" if pause else "") \
+        + (f" --lease {lease_s:g}" if lease_s != 1.0 else "") \
+        + ("" if pidns is None else " --pidns" if pidns else " --no-pidns")
+    return f"boundloop drill --runs {runs} --kills {kills} --seed {seed}{extra}"
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        j, lg, rf, sd, cc, log = sys.argv[2:8]
-        worker(j, lg, rf, int(sd), int(cc), log)
+        _worker_main(sys.argv[2:])
     else:
         ap = argparse.ArgumentParser(prog="python -m boundloop.drill")
         ap.add_argument("--runs", type=int, default=200)
         ap.add_argument("--kills", type=int, default=50)
         ap.add_argument("--seed", type=int, default=1)
+        ap.add_argument("--workers", type=int, default=2)
+        ap.add_argument("--pause", action="store_true")
+        ap.add_argument("--lease", type=float, default=1.0)
         ap.add_argument("--dir", default=None)
         a = ap.parse_args()
         import tempfile
 
         d = Path(a.dir) if a.dir else Path(tempfile.mkdtemp(prefix="boundloop-drill-"))
-        rep = run_drill(d, a.runs, a.kills, a.seed)
-        print(format_report(rep, f"boundloop drill --runs {a.runs} --kills {a.kills} "
-                                 f"--seed {a.seed}"))
+        rep = run_drill(d, a.runs, a.kills, a.seed, a.workers, pause=a.pause,
+                        lease_s=a.lease)
+        print(format_report(rep, command(a.runs, a.kills, a.seed, a.workers, a.pause,
+                                         a.lease)))
         sys.exit(0 if rep.ok else 1)

@@ -50,7 +50,8 @@ __all__ = [
     "load_events", "RunSummary", "list_runs", "TimelineRow", "Timeline", "timeline",
     "Rebuilt", "rebuild", "Divergence", "CheckReport", "check", "recorded_budget",
     "PruneReport", "prune", "export_lines", "event_name", "event_type", "describe",
-    "owner_alive", "RecordedModelError", "recoverable",
+    "owner_alive", "RecordedModelError", "recoverable", "ChainReport", "verify_chains",
+    "key_file_warning", "CompactReport", "compact", "verify_journal",
 ]
 
 #: Statuses a run can end with (SPEC 3), then the two states of a run with no RunFinished:
@@ -1011,3 +1012,225 @@ def export_lines(events: Iterable[ev.Event], secret_key: bytes, *,
     for seq, event in enumerate(events, 1):
         data = _scrub(msgspec.to_builtins(event), secret_key, strip_content)
         yield _json.encode({"seq": seq, **data}).decode()
+
+
+# -- integrity ---------------------------------------------------------------------------
+class ChainReport(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of ``boundloop verify``: a run, its chain head in hex, and whether its
+    records check out (``error`` says what is damaged, naming the sequence number)."""
+
+    run_id: str
+    head: str | None
+    ok: bool
+    error: str | None = None
+
+
+def verify_chains(journal: Journal, run_ids: Sequence[str] = ()) -> list[ChainReport]:
+    """Check the hash chain and sequence of every run (or of ``run_ids``), as stored: also
+    runs whose index entries are damaged or missing, and the indexes of runs themselves.
+
+    This runs in the calling process: LMDB keeps no checksums of its own pages, so a
+    journal whose B-tree pages are damaged can crash it (SIGBUS, or an abort on one of its
+    assertions). ``verify_journal`` runs the same check in a child process instead.
+
+    Raises:
+        UnknownRun: a run of ``run_ids`` is not in the journal.
+        ConfigError: ``journal`` is not an LMDB journal (only it keeps a chain).
+    """
+    reports: dict[str, ChainReport] = {}
+    for report in _chain_reports(journal, run_ids):
+        _merge(reports, report)
+    return list(reports.values())
+
+
+def _merge(reports: dict[str, ChainReport], report: ChainReport) -> None:
+    """Keep the first report of a run, unless a later one finds damage the first did not."""
+    old = reports.get(report.run_id)
+    if old is None:
+        reports[report.run_id] = report
+    elif old.ok and not report.ok:
+        reports[report.run_id] = msgspec.structs.replace(report, head=report.head or old.head)
+
+
+def _chain_reports(journal: Journal, run_ids: Sequence[str] = (), listed: Any = None,
+                   indexes: bool | None = None, runs: bool = True) -> Iterator[ChainReport]:
+    """Reports of ``run_ids`` (else of every run: those in the indexes, then any with records
+    but no index entry), then (``indexes``, by default when no ids are given) of the
+    indexes; ``listed`` is called with the ids first."""
+    from boundloop.journal import chain
+    from boundloop.journal.lmdb import LmdbJournal
+
+    if not isinstance(journal, LmdbJournal):
+        raise ConfigError("only an LMDB journal keeps a hash chain to verify")
+    ids = list(run_ids) if run_ids or not runs else journal.indexed_run_ids()
+    if listed is not None:
+        listed(ids)
+    yield from _check_runs(journal, ids, listed_by_user=bool(run_ids))
+    if runs and not run_ids:
+        known = set(ids)
+        try:
+            recorded = journal.recorded_run_ids()
+        except JournalCorrupt as exc:
+            recorded = []
+            yield ChainReport(run_id="(records)", head=None, ok=False, error=str(exc))
+        yield from _check_runs(journal, [r for r in recorded if r not in known],
+                               listed_by_user=False)
+    if not run_ids if indexes is None else indexes:
+        for index in (journal.infos, journal.open_runs):
+            try:
+                list(index())
+            except chain.ChainError as exc:
+                yield ChainReport(run_id=exc.run_id, head=None, ok=False, error=exc.what)
+            except JournalCorrupt as exc:
+                yield ChainReport(run_id="(index)", head=None, ok=False, error=str(exc))
+
+
+def _check_runs(journal: Any, ids: Sequence[str], listed_by_user: bool
+                ) -> Iterator[ChainReport]:
+    from boundloop.errors import UnknownRun
+    from boundloop.journal import chain
+
+    for run_id in ids:
+        try:
+            head = journal.chain_head(run_id)
+        except UnknownRun:
+            if listed_by_user:
+                raise
+            yield ChainReport(run_id=run_id, head=None, ok=False,
+                              error="the order index names it, but it has no index entry")
+        except JournalCorrupt as exc:
+            stored = journal.stored_head(run_id)
+            if isinstance(exc, chain.ChainError):
+                what = f"seq {exc.seq}: {exc.what}" if exc.seq else exc.what
+            else:
+                what = str(exc)
+            yield ChainReport(run_id=run_id, head=stored.hex() if stored else None, ok=False,
+                              error=what)
+        else:
+            yield ChainReport(run_id=run_id, head=head.hex(), ok=True)
+
+
+_report_json = msgspec.json.Decoder(ChainReport)
+
+
+def _verify_child() -> None:
+    """The child process of ``verify_journal``: ``DIR all|some|indexes [RUN_ID...]`` in argv
+    (all: the runs given, else every run, and the indexes; indexes: only those), one JSON
+    line per finding on stdout (the ids first, then a report per run, then the indexes')."""
+    import sys
+
+    from boundloop.errors import BoundloopError
+
+    out = sys.stdout
+
+    def say(value: Any) -> None:
+        out.write(_json.encode(value).decode() + "\n")
+        out.flush()
+
+    try:
+        with open_journal(sys.argv[1], readonly=True) as j:
+            for report in _chain_reports(j, sys.argv[3:], listed=lambda ids: say({"ids": ids}),
+                                         indexes=sys.argv[2] != "some",
+                                         runs=sys.argv[2] != "indexes"):
+                say({"report": report})
+    except BoundloopError as exc:
+        say({"error": str(exc), "kind": type(exc).__name__})
+
+
+def verify_journal(path: str | os.PathLike[str] | None = None,
+                   run_ids: Sequence[str] = ()) -> list[ChainReport]:
+    """``verify_chains`` on the journal in ``path``, in a child process, so that LMDB
+    crashing on damaged B-tree pages is reported as damage instead of killing the caller:
+    the run being read when the child died is reported damaged (naming the signal), and a
+    new child goes on with the runs after it.
+
+    Raises:
+        UnknownRun: a run of ``run_ids`` is not in the journal.
+        JournalUnavailable, JournalCorrupt: the journal cannot be opened.
+    """
+    import signal
+    import subprocess
+    import sys
+
+    from boundloop import errors
+
+    where = journal_dir(path)
+    code = "from boundloop.inspect import _verify_child; _verify_child()"
+    reports: dict[str, ChainReport] = {}
+    todo = list(run_ids)
+    mode = "some" if run_ids else "all"
+    while True:
+        proc = subprocess.run([sys.executable, "-c", code, where, mode, *todo],
+                              capture_output=True, text=True, check=False)
+        ids: list[str] | None = None
+        done = 0
+        for line in proc.stdout.splitlines():
+            item = msgspec.json.decode(line)
+            if "error" in item:
+                kind = getattr(errors, item["kind"], errors.JournalError)
+                raise kind(item["error"])
+            if "ids" in item:
+                ids = item["ids"]
+            else:
+                _merge(reports, _report_json.decode(_json.encode(item["report"])))
+                done += 1
+        if proc.returncode >= 0:
+            if proc.returncode != 0:
+                raise errors.JournalError(f"verify failed: {proc.stderr.strip()[-500:]}")
+            return list(reports.values())
+        try:
+            name = signal.Signals(-proc.returncode).name
+        except ValueError:
+            name = f"signal {-proc.returncode}"
+        crashed = (f"LMDB crashed reading it ({name}): the journal's own B-tree pages are "
+                   "damaged (LMDB keeps no checksums of them); restore the journal from a "
+                   "backup")
+        if ids is None or done >= len(ids):
+            # While opening or listing the journal, or checking its indexes.
+            _merge(reports, ChainReport(run_id="(journal)", head=None, ok=False, error=crashed))
+            return list(reports.values())
+        _merge(reports, ChainReport(run_id=ids[done], head=None, ok=False, error=crashed))
+        todo = ids[done + 1:]
+        if not todo:
+            if mode != "all":
+                return list(reports.values())
+            mode = "indexes"
+
+
+def key_file_warning(path: str | os.PathLike[str] | None = None) -> str | None:
+    """A warning when a redaction key file from an older version lies inside the journal
+    directory (SPEC 9: the key lives apart from the journal), else None."""
+    key = Path(journal_dir(path)) / "redaction.key"
+    if not key.exists():
+        return None
+    return (f"{key} is a redaction key inside the journal directory (from an older version): "
+            "anyone with a copy of the journal can use it to confirm guessed secrets; move it "
+            "out of the journal directory (keep it with $BOUNDLOOP_REDACTION_KEY_FILE or in "
+            "the state directory) and remove it from there")
+
+
+class CompactReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``compact`` did: the journal's ``data.mdb`` size before and after, in bytes."""
+
+    journal: str
+    before: int
+    after: int
+
+
+def compact(path: str | os.PathLike[str] | None = None) -> CompactReport:
+    """Rewrite the LMDB journal in ``path`` to reclaim the space of pruned runs (see
+    ``boundloop.journal.lmdb.compact``: crash-safe, and only while nothing else uses it).
+
+    Raises:
+        JournalUnavailable: there is no journal there, another process has it open, or a
+            live runner owns it.
+        JournalCorrupt: the journal is damaged.
+    """
+    from boundloop.journal.lmdb import compact as rewrite
+
+    where = Path(journal_dir(path))
+    if not where.is_dir():
+        raise JournalUnavailable(f"no journal at {where}; pass the right --journal or set "
+                                 "$BOUNDLOOP_JOURNAL")
+    before, after = rewrite(where, lambda record: owners_mod.owner_alive(record))
+    return CompactReport(journal=str(where), before=before, after=after)

@@ -44,7 +44,13 @@ from boundloop.policy.budget import (
 )
 from boundloop.policy.decide import Attempt as Attempt
 from boundloop.policy.kinds import Decision
-from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, journal_safe, plain_result, redact
+from boundloop.policy.redact import (
+    ARGUMENTS_NOT_KEPT,
+    KEPT_FIELDS,
+    Scrubber,
+    journal_safe,
+    plain_result,
+)
 from boundloop.policy.replay import RunState, apply
 from boundloop.policy.safe_text import describe_exception
 from boundloop.results import RunResult, UnresolvedAction
@@ -107,6 +113,8 @@ class ParentLink(msgspec.Struct):
     deadline: float | None
     cancel: CancelToken
     children: threading.Event
+    #: The event loop of the run (the caller's, for ``arun``): children's run on it too.
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 class Dispatch(msgspec.Struct):
@@ -216,6 +224,9 @@ class RunSpec(msgspec.Struct, kw_only=True):
     run_child: Callable[..., Any] | None = None
     children: threading.Event = msgspec.field(default_factory=threading.Event)
     resume: RunState | None = None
+    #: Where ``async def`` models, tools, permits and reconcilers run: the caller's event
+    #: loop for a run started with ``arun`` (SPEC 1), else the runner's own (None).
+    loop: asyncio.AbstractEventLoop | None = None
 
 
 def content_of(value: Any) -> Any:
@@ -274,6 +285,9 @@ class Driver:
         # have taken effect (a timeout not reconciled as "did not").
         self.attempts_recorded: dict[str, int] = {}
         self.unknown: set[str] = set()
+        # SPEC 9: every value redacted in the run is remembered and replaced in every later
+        # text the run journals (a resumed run remembers what it redacts from then on).
+        self.scrubber = Scrubber(spec.secret_key)
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -304,34 +318,52 @@ class Driver:
 
     def _redact(self, tool_name: str, value: Any) -> tuple[Any, bool]:
         tool = self.spec.tools.get(tool_name)
-        return redact(value, self.spec.secret_key, tool.sensitive if tool else ())
+        return self.scrubber.redact(value, tool.sensitive if tool else ())
 
     def _for_journal(self, event: ev.Event) -> ev.Event:
+        """The event as the journal stores it (SPEC 9): credential and sensitive fields of
+        arguments and results become keyed digests (and are remembered), then every text
+        the event carries is scrubbed (remembered values, credential-shaped text)."""
         replace = msgspec.structs.replace
         match event:
             case ev.CallDecided():
                 args, changed = self._redact(event.tool, event.arguments)
-                validated = None if event.validated is None else \
-                    self._redact(event.tool, event.validated)[0]
-                return replace(event, arguments=args, redacted=changed, validated=validated)
+                validated, also = (None, False) if event.validated is None else \
+                    self._redact(event.tool, event.validated)
+                event = replace(event, arguments=args, redacted=changed or also,
+                                validated=validated)
             case ev.CallSucceeded() | ev.CallReconciled():
                 rec = self.state.calls[event.execution_id]
                 content, changed = self._redact(rec.tool, event.content)
-                return replace(event, content=content) if changed else event
+                if changed:
+                    event = replace(event, content=content)
             case ev.ModelStepCompleted(response=CallTools() as resp):
                 calls = [replace(c, arguments=self._redact(c.name, c.arguments)[0])
                          for c in resp.calls]
-                return replace(event, response=replace(resp, calls=calls))
+                event = replace(event, response=replace(resp, calls=calls))
             case ev.RunAdmitted():
-                return replace(event, history=[self._redact_message(m) for m in event.history])
+                event = replace(event, history=[self._redact_message(m)
+                                                for m in event.history])
             case _:
-                return event
+                pass
+        scrubbed: ev.Event = self.scrubber.struct(event, self._kept)[0]
+        return scrubbed
+
+    @staticmethod
+    def _kept(cls: type) -> frozenset[str]:
+        """Fields the text scrubbing leaves alone: ids, names and categories (a failed
+        step's ``reason``), and arguments already redacted with their ``redacted`` flag."""
+        if cls is ev.ModelStepFailed:
+            return KEPT_FIELDS | {"reason"}
+        if cls is ev.CallDecided:
+            return KEPT_FIELDS | {"arguments", "validated"}
+        return KEPT_FIELDS
 
     def _redact_message(self, m: Message) -> Message:
         if isinstance(m, CallMessage):
             return msgspec.structs.replace(m, arguments=self._redact(m.name, m.arguments)[0])
         if isinstance(m, ToolResultMessage):
-            return msgspec.structs.replace(m, content=redact(m.content, self.spec.secret_key)[0])
+            return msgspec.structs.replace(m, content=self.scrubber.redact(m.content)[0])
         return m
 
     def commit(self) -> Generator[Effect, Any, None]:
@@ -464,7 +496,7 @@ class Driver:
         st = self.state
         self.snapshot = (st.tool_calls - st.child_tool_calls, st.usage - st.child_usage)
         return ParentLink(self.spec.run_id, step, self.current, st.tool_calls, st.usage,
-                          self.deadline, self.spec.cancel, self.spec.children)
+                          self.deadline, self.spec.cancel, self.spec.children, self.spec.loop)
 
     def settle_ledger(self, reserve: int = 0,
                       close: bool = False) -> Generator[Effect, Any, LedgerReply | None]:
@@ -573,7 +605,7 @@ class Driver:
         replied = decide.model_replied(
             st, budget, decide.Reply(reply.response, error, reply.latency_s, reply.abandoned),
             reservation=reservation, cancelled=spec.cancel.cancelled, price=spec.price,
-            now=self.now())
+            now=self.now(), deadline_passed=self.deadline_passed())
         self.take(replied.events)
         if replied.batch is None:
             return replied.stop

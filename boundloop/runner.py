@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import os
 import socket
@@ -11,11 +12,13 @@ import uuid
 import zlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
+from pathlib import Path
 from typing import Any
 
 import pykka
 
 from boundloop import events as ev
+from boundloop import keys
 from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.budget import BudgetActor, Close, Left, Open
 from boundloop.actors.executor import ExecutorActor
@@ -44,6 +47,23 @@ from boundloop.policy.redact import storable
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
 from boundloop.tools import Tool
+
+
+async def _await_run(future: Future[RunResult], token: CancelToken) -> RunResult:
+    """Await a run's Future; a cancelled task cancels the run and waits for it to end."""
+    waiting = asyncio.wrap_future(future)
+    try:
+        return await asyncio.shield(waiting)
+    except asyncio.CancelledError:
+        token.cancel("the task awaiting the run was cancelled")
+        while not waiting.done():
+            try:
+                await asyncio.shield(waiting)
+            except asyncio.CancelledError:
+                continue  # cancelled again: the run is ending already; keep waiting
+            except Exception:  # noqa: BLE001 - the run ended; the task is cancelled anyway
+                break
+        raise
 
 
 def _settle(future: Future[RunResult], result: RunResult) -> None:
@@ -106,6 +126,16 @@ class Runner:
         max_threads: the most threads each pool (models, tools) may grow to while
             compensating for handlers that wait in ``run_child`` or are stuck past their
             timeout (SPEC 5 and 8).
+        redaction_key: the key redacted values are digested under (SPEC 9): its bytes, or
+            the path of a file holding them (at least 32 bytes, not all zero; never inside
+            the journal directory). Default: ``$BOUNDLOOP_REDACTION_KEY_FILE``, else the
+            journal's own key in the user's state directory (see ``boundloop.keys``).
+            Workers that share a journal need the same key: give each the same file when
+            they run as other users or on other machines.
+
+    Raises:
+        ConfigError: an option is invalid, or the redaction key is refused or is not the
+            journal's (the journal records its key's fingerprint).
     """
 
     def __init__(self, journal: str | os.PathLike[str] | Journal = ".boundloop", *,
@@ -113,7 +143,8 @@ class Runner:
                  model_threads: int = 32, tool_threads: int = 32,
                  estimator: Estimator | None = None, price: Price | None = None,
                  sync: bool = True, clock: Clock | None = None, lease_s: float = 30.0,
-                 max_threads: int = MAX_THREADS) -> None:
+                 max_threads: int = MAX_THREADS,
+                 redaction_key: keys.KeySource | None = None) -> None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
                 or max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
@@ -124,8 +155,16 @@ class Runner:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
         self._owns_journal = not isinstance(journal, Journal)
+        if not isinstance(journal, Journal):
+            keys.given_key(redaction_key, Path(journal))  # a refused key creates no journal
         self._journal: Journal = journal if isinstance(journal, Journal) else \
             lmdb_journal.acquire(journal, sync=sync)
+        try:
+            keys.bind(self._journal, redaction_key)  # refused before anything is written
+        except BaseException:
+            if self._owns_journal and isinstance(self._journal, LmdbJournal):
+                lmdb_journal.release(self._journal)
+            raise
         self.read_only = read_only
         self.estimator = estimator
         self.price = price
@@ -256,6 +295,12 @@ class Runner:
                       cancel: CancelToken | None = None,
                       permit: Permit | None = None) -> Future[RunResult]:
         """``resume``, returning a Future instead of waiting."""
+        return self._submit_resume(run_id, model, tools, cancel, permit, None)[0]
+
+    def _submit_resume(self, run_id: str, model: Any, tools: Sequence[Any],
+                       cancel: CancelToken | None, permit: Permit | None,
+                       loop: asyncio.AbstractEventLoop | None,
+                       ) -> tuple[Future[RunResult], CancelToken]:
         with self._lock:
             if run_id in self._tokens:
                 raise RecoveryError(f"run {run_id!r} is in flight on this runner")
@@ -274,8 +319,8 @@ class Runner:
                 raise RecoveryError(f"run {run_id!r} was claimed by another runner") from None
             seq += 1
         spec = self._spec(model, tools, None, None, state.budget, cancel, run_id, permit,
-                          resume=state)
-        return self._start(spec, seq, resuming=True)
+                          resume=state, loop=loop)
+        return self._start(spec, seq, resuming=True), spec.cancel
 
     def resolve(self, run_id: str, execution_id: str, outcome: str, note: str = "", *,
                 by: str | None = None, force: bool = False) -> RunState:
@@ -461,7 +506,7 @@ class Runner:
         token = link.cancel.child(*([cancel] if cancel is not None else []))
         spec = self._spec(model, tools, prompt, history, carved, token, run_id, permit,
                           parent_run_id=link.run_id, parent_step=link.step,
-                          parent_execution_id=execution_id)
+                          parent_execution_id=execution_id, loop=link.loop)
         self._budget.tell(Open(spec.run_id, link.run_id, carved))
         link.children.set()
         try:
@@ -542,4 +587,33 @@ class Runner:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- asyncio -----------------------------------------------------------------------
+    async def arun(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
+                   history: Sequence[Any] | None = None, budget: Budget | None = None,
+                   cancel: CancelToken | None = None, run_id: str | None = None,
+                   permit: Permit | None = None) -> RunResult:
+        """``run`` from asyncio code (SPEC 1): the run's ``async def`` models, tools,
+        permits and reconcilers run on the calling task's event loop (so they may use the
+        application's loop-bound clients and semaphores); sync ones on the runner's
+        threads. Cancelling the awaiting task cancels the run: it ends ``cancelled`` in
+        the journal, and this raises ``asyncio.CancelledError`` once it has ended."""
+        spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit,
+                          loop=asyncio.get_running_loop())
+        return await _await_run(self._start(spec, 0), spec.cancel)
+
+    async def aresume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
+                      cancel: CancelToken | None = None,
+                      permit: Permit | None = None) -> RunResult:
+        """``resume`` from asyncio code, on the calling task's event loop (see ``arun``)."""
+        future, token = self._submit_resume(run_id, model, tools, cancel, permit,
+                                            asyncio.get_running_loop())
+        return await _await_run(future, token)
+
+    async def __aenter__(self) -> Runner:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # Off the loop: closing waits for runs whose async callables need this very loop.
+        await asyncio.to_thread(self.close)
 

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
+import importlib
 import inspect
+import itertools
+import re
 import threading
 import typing
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import msgspec
@@ -132,6 +136,9 @@ def _context_param(hint: Any) -> bool:
 class Tool:
     """A tool the model may call: a handler, its argument schema, and how it may be run.
 
+    The schema is derived from the handler's type hints and checked with msgspec; for a
+    tool described by a plain JSON Schema (an MCP server's, say) use ``Tool.from_schema``.
+
     Args:
         name: the name the model uses (default: the function's name).
         handler: the function; sync or ``async def``. A parameter annotated ``ToolContext``
@@ -154,6 +161,18 @@ class Tool:
                  timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
                  reconcile: Callable[[str], Any] | None = None,
                  sensitive: Collection[str] = ()) -> None:
+        self._configure(name, handler, description, read_only=read_only,
+                        idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
+                        retry=retry, reconcile=reconcile, sensitive=sensitive)
+        args_type, self._context_name = self._derive()
+        self._args_type: type[msgspec.Struct] | None = args_type
+        self.schema = self._schema(args_type)
+
+    def _configure(self, name: str | None, handler: Callable[..., Any],
+                   description: str | None, *, read_only: bool, idempotent: bool,
+                   irreversible: bool, timeout_s: float | None, retry: RetryPolicy | None,
+                   reconcile: Callable[[str], Any] | None, sensitive: Collection[str]) -> None:
+        """The options every tool has, checked (the schema is the caller's business)."""
         if not callable(handler):
             raise ConfigError(f"a tool handler must be callable, got {handler!r}")
         self.handler = handler
@@ -179,8 +198,64 @@ class Tool:
         self.retry = retry
         self.reconcile = reconcile
         self.sensitive = frozenset(sensitive)
-        self._args_type, self._context_name = self._derive()
-        self.schema = self._schema()
+        # Set by Tool.from_schema: its cached jsonschema validator, the parameter that gets
+        # the arguments as one dict, and the keywords the handler takes (None: any).
+        self._validator: Any = None
+        self._dict_param: str | None = None
+        self._accepts: frozenset[str] | None = None
+
+    @classmethod
+    def from_schema(cls, name: str, schema: Mapping[str, Any], handler: Callable[..., Any], *,
+                    description: str | None = "", read_only: bool = False,
+                    idempotent: bool = False, irreversible: bool = False,
+                    timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
+                    reconcile: Callable[[str], Any] | None = None,
+                    sensitive: Collection[str] = ()) -> Tool:
+        """A tool whose arguments a plain JSON Schema describes (as MCP servers and OpenAPI
+        documents give them) instead of the handler's type hints. Needs the ``jsonschema``
+        package (``pip install 'boundloop[schema]'``; ``boundloop[mcp]`` includes it).
+
+        The schema's root must be an object schema (``{"type": "object", ...}``). It is
+        checked once, here, and its validator built once and kept: Draft 2020-12, unless
+        the schema names another draft in ``$schema`` (draft-07, say). ``format`` is an
+        annotation, not checked, as that draft says; a ``$ref`` is resolved within the
+        schema only (nothing is fetched: an outside reference makes the call's arguments
+        invalid). Arguments that do not match become the call's ``invalid_arguments``, with
+        a message naming the path (``Expected `integer`, got `string` - at `$.limit```).
+
+        The handler (sync or ``async def``) gets the validated arguments:
+
+        * as **one dict** when, apart from a ``ToolContext`` parameter, it has exactly one
+          parameter and the schema has no property of that name (``def create(args)``).
+          Properties the model left out are absent: the schema's ``default``s are not
+          filled in;
+        * else as **keyword arguments**: every property must name a parameter (or the
+          handler takes ``**kwargs``), and a parameter without a default must be in the
+          schema's ``required``. A field the handler does not take is invalid.
+
+        A parameter annotated ``ToolContext`` gets the call's context either way. The other
+        options are those of :class:`Tool`; ``description`` is the model's (None: the
+        handler's docstring). ``tool.schema`` is ``{"name", "description", "parameters"}``,
+        ``parameters`` being a copy of ``schema``.
+
+        Raises:
+            ConfigError: the schema is not JSON data, its root is not an object schema, it
+                is not a valid JSON Schema, the handler cannot take its arguments as said
+                above, ``jsonschema`` is not installed, or an option is invalid.
+        """
+        self = cls.__new__(cls)
+        self._configure(name, handler, description, read_only=read_only,
+                        idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
+                        retry=retry, reconcile=reconcile, sensitive=sensitive)
+        plain = _plain_schema(self.name, schema)
+        self._validator = _schema_validator(self.name, plain)
+        self._args_type = None
+        self._context_name, self._dict_param, self._accepts = _schema_binding(
+            self.name, handler, plain)
+        # The validator keeps its own copy: changing tool.schema cannot change what it checks.
+        self.schema = {"name": self.name, "description": self.description,
+                       "parameters": copy.deepcopy(plain)}
+        return self
 
     def _derive(self) -> tuple[type[msgspec.Struct], str | None]:
         try:
@@ -212,8 +287,8 @@ class Tool:
                               f"({exc})") from None
         return args, context_name
 
-    def _schema(self) -> dict[str, Any]:
-        full = msgspec.json.schema(self._args_type)
+    def _schema(self, args_type: type[msgspec.Struct]) -> dict[str, Any]:
+        full = msgspec.json.schema(args_type)
         defs = full.get("$defs", {})
         ref = full.get("$ref", "").rsplit("/", 1)[-1]
         params = dict(defs.pop(ref, full))
@@ -235,6 +310,8 @@ class Tool:
         problem = shape_problem(arguments)
         if problem is not None:
             raise ArgumentError(arguments_not_kept(problem)[ARGUMENTS_NOT_KEPT])
+        if self._args_type is None:
+            return self._schema_arguments(arguments)
         try:
             value = msgspec.convert(arguments, self._args_type)
         except msgspec.ValidationError as exc:
@@ -243,8 +320,33 @@ class Tool:
             raise ArgumentError(f"they cannot be read ({describe_exception(exc)})") from None
         return {f: getattr(value, f) for f in value.__struct_fields__}
 
+    def _schema_arguments(self, arguments: Any) -> dict[str, Any]:
+        """``validate`` for a ``from_schema`` tool: its cached jsonschema validator."""
+        try:
+            errors = list(itertools.islice(self._validator.iter_errors(arguments), 64))
+            error = importlib.import_module("jsonschema.exceptions").best_match(errors)
+        except RecursionError:
+            raise ArgumentError("they are nested too deeply to be checked") from None
+        except Exception as exc:  # an outside $ref, a regex Python cannot compile, ...
+            raise ArgumentError(f"they could not be checked against the tool's schema "
+                                f"({describe_exception(exc)})") from None
+        if error is not None:
+            raise ArgumentError(_schema_problem(error))
+        if not isinstance(arguments, dict):  # pragma: no cover - the root is an object
+            raise ArgumentError(f"Expected `object`, got `{_json_type(arguments)}`")
+        if self._accepts is not None:
+            unknown = [key for key in arguments if key not in self._accepts]
+            if unknown:
+                raise ArgumentError(f"Object contains unknown field `{_cut(unknown[0])}` "
+                                    "(the tool's handler takes no such parameter)")
+        return copy.deepcopy(arguments)
+
     def bind(self, kwargs: dict[str, Any], context: ToolContext) -> dict[str, Any]:
-        """``kwargs`` plus the context parameter, when the handler declares one."""
+        """The handler's keyword arguments: ``kwargs`` (or, for a ``from_schema`` handler
+        that takes the arguments as one dict, that dict under its parameter's name), plus
+        the context parameter when the handler declares one."""
+        if self._dict_param is not None:
+            kwargs = {self._dict_param: kwargs}
         if self._context_name is None:
             return kwargs
         return {**kwargs, self._context_name: context}
@@ -255,6 +357,211 @@ class Tool:
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r})"
+
+
+# --- tools described by a JSON Schema (Tool.from_schema) ------------------------------------
+
+_DRAFT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+#: The most characters of a schema value or a field name that a message quotes.
+_QUOTE = 200
+_JSON_TYPES: tuple[tuple[type | tuple[type, ...], str], ...] = (
+    (bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+    ((list, tuple), "array"), (dict, "object"), (type(None), "null"))
+_BOUNDS = {
+    "minLength": "`string` of length >=", "maxLength": "`string` of length <=",
+    "minItems": "`array` of length >=", "maxItems": "`array` of length <=",
+    "minProperties": "`object` with at least this many fields:",
+    "maxProperties": "`object` with at most this many fields:",
+    "minContains": "`array` with at least this many matching items:",
+    "maxContains": "`array` with at most this many matching items:",
+    "multipleOf": "a multiple of",
+}
+_LIMITS = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
+
+
+def _jsonschema() -> Any:
+    try:
+        return importlib.import_module("jsonschema")
+    except ImportError:
+        raise ConfigError("Tool.from_schema needs the `jsonschema` package, which is not "
+                          "installed: pip install 'boundloop[schema]' (boundloop[mcp] "
+                          "includes it)") from None
+
+
+def _cut(text: str, limit: int = _QUOTE) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+
+
+def _quote(value: Any) -> str:
+    try:
+        return _cut(msgspec.json.encode(value).decode())
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return _cut(type(value).__name__)
+
+
+def _json_type(value: Any) -> str:
+    for kind, name in _JSON_TYPES:
+        if isinstance(value, kind):
+            return name
+    return type(value).__name__
+
+
+def _plain_schema(name: str, schema: Any) -> dict[str, Any]:
+    """A JSON copy of ``schema`` (so later changes to it change nothing here), whose root
+    is an object schema."""
+    _jsonschema()  # a missing package is reported first, whatever the schema
+    try:
+        plain = msgspec.json.decode(msgspec.json.encode(schema))
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise ConfigError(f"tool {name!r}: its schema must be JSON data (dicts, lists, "
+                          f"strings, numbers, booleans, None): {describe_exception(exc)}"
+                          ) from None
+    if not isinstance(plain, dict) or plain.get("type") != "object":
+        raise ConfigError(
+            f"tool {name!r}: the root of its schema must be an object schema, "
+            '{"type": "object", "properties": {...}}, since a call\'s arguments are an '
+            f"object; got {_quote(plain)}. To take another kind of value, make it a "
+            "property of an object schema")
+    return plain
+
+
+def _schema_validator(name: str, plain: dict[str, Any]) -> Any:
+    """The validator of ``plain``, built once (the schema is checked first)."""
+    js = _jsonschema()
+    declared = plain.get("$schema")
+    kind: Any = js.Draft202012Validator
+    if declared is not None:
+        found = js.validators.validator_for(plain, default=None) \
+            if isinstance(declared, str) else None
+        if found is None:
+            raise ConfigError(f"tool {name!r}: its schema's $schema {_quote(declared)} names "
+                              f"no JSON Schema draft that jsonschema knows; drop it (Draft "
+                              f"2020-12 is assumed) or name a known draft")
+        if found is not js.validators.Draft202012Validator:
+            kind = found
+    try:
+        kind.check_schema(plain)
+        return kind(plain)
+    except js.exceptions.SchemaError as exc:
+        where = f" - at `{_cut(exc.json_path)}`" if exc.path else ""
+        draft = getattr(kind, "META_SCHEMA", {}).get("$id") or kind.__name__
+        raise ConfigError(f"tool {name!r}: its schema is not a valid JSON Schema ({draft}): "
+                          f"{_cut(str(exc.message), 500)}{where}") from None
+    except RecursionError:
+        raise ConfigError(f"tool {name!r}: its schema is nested too deeply") from None
+
+
+def _schema_binding(name: str, handler: Callable[..., Any], plain: dict[str, Any]
+                    ) -> tuple[str | None, str | None, frozenset[str] | None]:
+    """How ``handler`` takes the arguments of ``plain``: (its ToolContext parameter, the
+    parameter that gets them as one dict, the keywords it takes or None for any)."""
+    try:
+        sig = inspect.signature(handler)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"tool {name!r}: cannot read the handler's signature ({exc})"
+                          ) from None
+    try:
+        hints = typing.get_type_hints(handler)
+    except Exception:  # noqa: BLE001 - an annotation that cannot be resolved: use the text
+        hints = {}
+    context_name = None
+    params = []
+    for pname, param in sig.parameters.items():
+        if _context_param(hints.get(pname, param.annotation)):
+            context_name = pname
+        else:
+            params.append(param)
+    properties = set(plain.get("properties") or ())
+    required = set(plain.get("required") or ())
+    if context_name is not None and context_name in properties:
+        raise ConfigError(f"tool {name!r}: the schema has a property {context_name!r}, the "
+                          "name of the handler's ToolContext parameter; rename the parameter")
+    if len(params) == 1 and params[0].name not in properties and params[0].kind in (
+            params[0].POSITIONAL_OR_KEYWORD, params[0].KEYWORD_ONLY):
+        return context_name, params[0].name, None
+    takes_any = False
+    names = set()
+    for param in params:
+        if param.kind is param.VAR_KEYWORD:
+            takes_any = True
+            continue
+        if param.kind in (param.VAR_POSITIONAL, param.POSITIONAL_ONLY):
+            raise ConfigError(f"tool {name!r}: parameter {param.name!r} must be a plain named "
+                              "parameter so it can be given by name (a handler with a single "
+                              "parameter gets the arguments as one dict)")
+        names.add(param.name)
+        if param.default is param.empty and param.name not in required:
+            raise ConfigError(f"tool {name!r}: the handler's parameter {param.name!r} has no "
+                              "default, but the schema does not require it; list it in the "
+                              "schema's \"required\" or give it a default")
+    missing = sorted(properties - names)
+    if missing and not takes_any:
+        raise ConfigError(f"tool {name!r}: the schema's properties {missing} are not "
+                          "parameters of the handler; add them (or a **kwargs parameter), or "
+                          "take the arguments as one dict with a handler of one parameter")
+    return context_name, None, None if takes_any else frozenset(names)
+
+
+def _unknown_fields(value: Any, schema: Any) -> list[str]:
+    if not isinstance(value, dict) or not isinstance(schema, dict):
+        return []
+    known = schema.get("properties") or {}
+    patterns = schema.get("patternProperties") or {}
+
+    def matches(key: str) -> bool:
+        for pattern in patterns:
+            try:
+                if re.search(pattern, key):
+                    return True
+            except (re.error, TypeError):
+                continue
+        return False
+
+    return [str(k) for k in value if k not in known and not (isinstance(k, str) and matches(k))]
+
+
+def _schema_problem(error: Any) -> str:
+    """A plain message for a jsonschema ValidationError, in msgspec's manner: what was
+    expected and, below the root, where (``- at `$.a.b[0]```). It quotes no argument value
+    (one may be long, or a secret), only field names and the schema's own values."""
+    kind, expected, value = error.validator, error.validator_value, error.instance
+    if kind == "type":
+        kinds = expected if isinstance(expected, list) else [expected]
+        text = f"Expected `{' | '.join(str(k) for k in kinds)}`, got `{_json_type(value)}`"
+    elif kind == "required":
+        absent = [n for n in expected if isinstance(value, dict) and n not in value]
+        text = f"Object missing required field `{_cut(str((absent or expected)[0]))}`"
+    elif kind in ("additionalProperties", "unevaluatedProperties"):
+        unknown = _unknown_fields(value, error.schema) if kind == "additionalProperties" else []
+        text = f"Object contains unknown field `{_cut(unknown[0])}`" if unknown else \
+            "Object contains fields the schema does not allow"
+    elif kind == "enum":
+        text = f"Expected one of {_quote(expected)}"
+    elif kind == "const":
+        text = f"Expected {_quote(expected)}"
+    elif kind in _LIMITS:
+        text = f"Expected `{_json_type(value)}` {_LIMITS[kind]} {_quote(expected)}"
+    elif kind in _BOUNDS:
+        text = f"Expected {_BOUNDS[kind]} {_quote(expected)}"
+    elif kind == "pattern":
+        text = f"Expected `string` matching regex {_quote(expected)}"
+    elif kind == "uniqueItems":
+        text = "Expected `array` of unique items"
+    elif kind == "dependentRequired":
+        text = "Object missing a field that another field present requires " \
+               f"({_quote(expected)})"
+    elif kind in ("oneOf", "anyOf"):
+        text = f"Expected a value matching {'exactly' if kind == 'oneOf' else 'at least'} " \
+               f"one of the schemas in `{kind}`"
+    elif kind == "not":
+        text = "Expected a value that does not match the schema in `not`"
+    elif kind is None:  # the schema `false`
+        text = "No value is allowed here"
+    else:
+        text = f"Expected a value that satisfies the schema's `{_cut(str(kind))}`"
+    if error.absolute_path:
+        text += f" - at `{_cut(str(error.json_path))}`"
+    return text
 
 
 @typing.overload

@@ -10,6 +10,17 @@ import pytest
 import boundloop as bl
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Redaction keys go to a temporary state directory, never the real home (SPEC 9); no
+    key file from the environment. Subprocesses inherit both."""
+    state = tmp_path_factory.mktemp("xdg-state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("XDG_STATE_HOME", str(state))
+        mp.delenv("BOUNDLOOP_REDACTION_KEY_FILE", raising=False)
+        yield state
+
+
 @pytest.fixture
 def journal_dir(tmp_path: Path) -> Path:
     return tmp_path / "journal"

@@ -78,6 +78,19 @@ def test_step_3_a_model_that_raised_is_a_model_error_with_its_reservation_estima
     assert state.usage == Usage(7)
 
 
+def test_a_model_error_once_the_deadline_passed_is_the_deadline() -> None:
+    state = at_step(Budget(deadline_s=5))
+    out = decide.model_replied(state, Budget(deadline_s=5),
+                               decide.Reply(error="APITimeoutError: Request timed out."),
+                               reservation=Usage(), cancelled=False, price=None, now=NOW,
+                               deadline_passed=True)
+    assert out.stop is not None and (out.stop.status, out.stop.limit) == \
+        ("limit_exceeded", "deadline")
+    failed = out.events[0]
+    assert isinstance(failed, ev.ModelStepFailed) and failed.reason == "deadline"
+    assert "APITimeoutError" in failed.detail
+
+
 def test_the_deadline_wall_and_a_call_never_started() -> None:
     out = reply_to(at_step(Budget()), Budget(), decide.Reply(abandoned="deadline"))
     assert (out.stop.status, out.stop.limit) == ("limit_exceeded", "deadline")  # type: ignore[union-attr]

@@ -24,7 +24,7 @@ EXPECTED = {
     "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
-    "tool", "Tool", "ToolContext", "RetryPolicy",
+    "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",
     # replay and journal events
     "replay", "apply", "RunState", "ReplayError", "events", "Event", "RunAdmitted",
     "ModelStepStarted", "ModelStepCompleted", "ModelStepFailed", "NoticeAdded", "UsageCharged",

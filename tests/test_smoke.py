@@ -24,7 +24,8 @@ def test_tool_then_final(runner: bl.Runner) -> None:
     assert seen == ["Paris"]
     assert msgspec.to_builtins(result.transcript) == [
         {"kind": "user", "text": "weather?"},
-        {"kind": "call", "id": "c1", "name": "search", "arguments": {"query": "Paris"}},
+        {"kind": "call", "id": "c1", "name": "search", "arguments": {"query": "Paris"},
+         "step": 1},
         {"kind": "tool_result", "id": "c1", "status": "ok", "content": ["sunny in Paris"]},
         {"kind": "final", "text": "sunny"},
     ]

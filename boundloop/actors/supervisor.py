@@ -228,6 +228,7 @@ class SupervisorActor(pykka.ThreadingActor):
 
                 self.budget.tell(Settle(effect, settled))
             case Dispatch() | Reconcile():
+                effect.loop = run.driver.spec.loop
                 if isinstance(effect, Dispatch):
                     journal = self.journal
                     effect.recordable = lambda: not journal.closed
@@ -254,7 +255,7 @@ class SupervisorActor(pykka.ThreadingActor):
                 return True
 
         future = call.future = self.workers.start(self.workers.model_pool, fn, args, {},
-                                                  on_start)
+                                                  on_start, loop=run.driver.spec.loop)
         run.call = call
 
         def returned(f: Future[Any]) -> None:

@@ -287,7 +287,14 @@ class Workers:
                 coroutine = fn(*args, **kwargs)
             except BaseException as exc:  # noqa: BLE001 - a wrong signature, say
                 return _failed(exc)
-            return asyncio.run_coroutine_threadsafe(_await(coroutine), loop or self.loop)
+            wrapper = _await(coroutine)
+            try:
+                return asyncio.run_coroutine_threadsafe(wrapper, loop or self.loop)
+            except RuntimeError as exc:  # the caller's loop was closed meanwhile
+                wrapper.close()
+                if inspect.iscoroutine(coroutine):
+                    coroutine.close()
+                return _failed(exc)
         return pool.submit(self._call_sync, on_start, fn, args, kwargs)
 
     def _call_sync(self, on_start: Callable[[], bool] | None, fn: Callable[..., Any],

@@ -3,25 +3,46 @@
 One writer thread owns every write transaction. Appends queued while it commits are
 batched into its next transaction, so concurrent runs share one fsync (group commit).
 Readers use their own read transactions from any thread.
+
+Integrity (SPEC 6). Tables: ``events`` (key ``run id || NUL || seq`` as a big-endian u64,
+value ``link || msgpack event``: see ``boundloop.journal.chain``), ``runs`` (a run's index
+entry: its RunInfo and the head of its chain, behind a checksum), ``order``, ``open``,
+``owners`` (checksummed too) and ``meta`` (``format``: the record format, 2). Every read
+checks a run's sequence, chain and head before returning anything, and raises
+``JournalCorrupt`` (a ``chain.ChainError`` naming the run and seq) on any mismatch; no LMDB or
+msgspec error escapes raw. A journal of format 1 (before the chain) is refused with what to
+do, not read unchecked. Before LMDB maps ``data.mdb``, the file is checked against LMDB's own
+meta pages (``check_data_file``), so a truncated file is an error, never a SIGBUS; LMDB has
+no checksums of its own B-tree pages, though, so damage inside them can still crash it
+(``inspect.verify_journal`` reads in a child process for that reason). Before each write
+transaction, ``lock.mdb`` must still be the file the environment opened: once it was removed
+or replaced, this journal writes nothing more (writers would no longer exclude each other).
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import itertools
 import os
 import queue
 import secrets
+import shutil
+import struct
+import sys
+import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lmdb
 import msgspec
 
 from boundloop import events as ev
+from boundloop import keys
 from boundloop.errors import (
     ConfigError,
     JournalCorrupt,
@@ -29,8 +50,9 @@ from boundloop.errors import (
     JournalUnavailable,
     LeaseLost,
     SequenceConflict,
+    UnknownRun,
 )
-from boundloop.journal import codec
+from boundloop.journal import chain, codec
 from boundloop.journal.base import (
     Done,
     Fence,
@@ -42,12 +64,232 @@ from boundloop.journal.base import (
 )
 
 _SEP = b"\x00"
+
+
+class _Index(RunInfo):
+    """A run's index entry as stored: its RunInfo and the head of its hash chain."""
+
+    #: The link of the run's last record (``chain.seed(run_id)`` before the first).
+    head: bytes = b""
+
+
 _info_enc = msgspec.msgpack.Encoder()
-_info_dec = msgspec.msgpack.Decoder(RunInfo)
+_info_dec = msgspec.msgpack.Decoder(_Index)
 _owner_dec = msgspec.msgpack.Decoder(OwnerRecord)
+#: Meta key of the record format (``chain.FORMAT``), a big-endian u32.
+_FORMAT_KEY = b"format"
+_TABLES = (b"events", b"runs", b"order", b"open", b"owners", b"meta")
+
+# -- LMDB's own metadata (lmdb.h/mdb.c 0.9, 64-bit little-endian): read before mapping ------
+_MDB_MAGIC = 0xBEEFC0DE
+_P_INVALID = (1 << 64) - 1
+#: After the 16-byte page header: mm_magic u32, mm_version u32, mm_address, mm_mapsize, then
+#: two MDB_db of 48 bytes (md_pad u32 (the page size, in the first), md_flags u16, md_depth
+#: u16, four counters, md_root), then mm_last_pg and mm_txnid.
+_META = struct.Struct("<16xII8x8xI2x2x32xQ4x2x2x32xQQQ")
+_META_SIZE = _META.size
+
+
+#: LMDB errors that mean the file is damaged (the others: it cannot be used right now).
+_DAMAGE = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.BadChecksumError)
+
+
+def _lmdb_error(exc: lmdb.Error) -> JournalError:
+    """What an LMDB error escaping a journal operation is to the caller."""
+    if isinstance(exc, (*_DAMAGE, lmdb.InvalidError, lmdb.BadValsizeError)):
+        return JournalCorrupt(f"the journal is damaged: LMDB reports {type(exc).__name__}: "
+                              f"{exc}; restore it from a backup (`boundloop verify` lists "
+                              "damaged runs)")
+    if isinstance(exc, lmdb.MapFullError):
+        return JournalUnavailable("the journal is full; prune finished runs (`boundloop "
+                                  "prune`) or open it with a larger map_size")
+    return JournalUnavailable(f"journal error: LMDB reports {type(exc).__name__}: {exc}; "
+                              "close and reopen the journal")
+
+
+@contextlib.contextmanager
+def _guarded(what: str = "") -> Iterator[None]:
+    """Map what can escape a journal operation on damaged or unusable storage to the
+    journal's own errors: LMDB errors, and index entries that do not decode."""
+    try:
+        yield
+    except JournalError:
+        raise
+    except lmdb.Error as exc:
+        raise _lmdb_error(exc) from None
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        where = f" ({what})" if what else ""
+        raise JournalCorrupt(f"the journal is damaged{where}: an index entry does not decode "
+                             f"({exc}); restore it from a backup (`boundloop verify` lists "
+                             "damaged runs)") from None
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Make ``path`` and each missing parent, each ``0700`` whatever the umask."""
+    missing = []
+    at = path
+    while not at.exists():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            d.mkdir(mode=0o700)
+            os.chmod(d, 0o700)
+    os.chmod(path, 0o700)
+
+
+def _bad_file(data: Path, what: str) -> JournalCorrupt:
+    return JournalCorrupt(f"{data} {what} (truncated, damaged, or an incomplete copy?); "
+                          "restore the journal from a backup, or move the directory aside "
+                          "and start a new journal")
+
+
+def check_data_file(data: Path) -> int | None:
+    """Check ``data.mdb`` against LMDB's own metadata before anything maps it, so a short file
+    is an error instead of a SIGBUS; return the page size (None when the file does not carry
+    LMDB's magic at all: LMDB itself then refuses it without mapping anything).
+
+    A failed check is made again twice, 10 ms apart, before it is believed: a meta page being
+    written by another process's commit at that moment can be read torn.
+
+    Both meta pages (at offset 0 and at the page size) are read with ``pread``; the one with
+    the larger txnid is LMDB's current state, and the file must hold its last page
+    (``(mm_last_pg + 1) * page size`` bytes) and both its B-tree roots.
+
+    Raises:
+        JournalCorrupt: the file is empty, shorter than its metadata says, or its meta
+            pages are damaged.
+        JournalUnavailable: the file cannot be read.
+    """
+    for attempt in range(3):
+        try:
+            return _check_data_file(data)
+        except JournalCorrupt:
+            if attempt == 2:
+                raise
+            time.sleep(0.01)
+    raise AssertionError("unreachable")
+
+
+def _check_data_file(data: Path) -> int | None:
+    try:
+        fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise JournalUnavailable(f"cannot read {data}: {exc.strerror or exc}") from None
+    try:
+        return _check_open_data_file(data, fd)
+    except OSError as exc:
+        raise JournalUnavailable(f"cannot read {data}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def _check_open_data_file(data: Path, fd: int) -> int | None:
+    size = os.fstat(fd).st_size
+    if size == 0:
+        raise JournalCorrupt(f"{data} is empty: this is not a journal (a damaged or "
+                             "truncated copy?); restore it from a backup or point "
+                             "--journal at another directory")
+    first = os.pread(fd, _META_SIZE, 0)
+    if len(first) < 20 or int.from_bytes(first[16:20], "little") != _MDB_MAGIC:
+        return None
+    if len(first) < _META_SIZE:
+        raise _bad_file(data, f"is {size} bytes, shorter than LMDB's meta page")
+    psize = _META.unpack(first)[2]
+    if psize < 512 or psize > 65536 or psize & (psize - 1):
+        raise _bad_file(data, f"has a damaged meta page (page size {psize})")
+    second = os.pread(fd, _META_SIZE, psize)
+    if len(second) < _META_SIZE:
+        raise _bad_file(data, f"is {size} bytes and ends inside its second meta page")
+    metas = [_META.unpack(first), _META.unpack(second)]
+    if any(meta[0] != _MDB_MAGIC for meta in metas):
+        raise _bad_file(data, "has a damaged meta page (no LMDB magic)")
+    # LMDB writes transaction T's meta into page T % 2, so the pages hold consecutive txnids
+    # of their own parity (both 0 before the first commit): else a damaged txnid would make
+    # LMDB take an older snapshot for the current one, silently.
+    t0, t1 = metas[0][6], metas[1][6]
+    if not (t0 == t1 == 0 or (t0 % 2 == 0 and t1 % 2 == 1 and abs(t0 - t1) == 1)):
+        raise _bad_file(data, f"has damaged meta pages (transaction ids {t0} and {t1})")
+    # LMDB's choice: the larger txnid, the first page on a tie.
+    current = metas[1] if metas[1][6] > metas[0][6] else metas[0]
+    _, _, _, free_root, main_root, last_pg, _ = current
+    if last_pg >= (1 << 48):
+        raise _bad_file(data, f"has a damaged meta page (last page {last_pg})")
+    pages = size // psize
+    short = _bad_file(data, f"is {size} bytes, but its own metadata says the journal needs "
+                            f"{(last_pg + 1) * psize}")
+    for root in (free_root, main_root):
+        if root != _P_INVALID and root > last_pg:
+            raise _bad_file(data, f"has a damaged meta page (a B-tree root at page {root}, "
+                                  f"past its last page {last_pg})")
+        if root != _P_INVALID and root >= pages:
+            raise short
+    if pages <= last_pg:
+        # Legitimate only when every page past the end is free: LMDB does not write pages a
+        # transaction allocated and freed again (its "loose" pages), even at the end.
+        free = _free_pages(fd, psize, free_root, pages)
+        if free is None or any(pg not in free for pg in range(pages, last_pg + 1)):
+            raise short
+    return int(psize)
+
+
+_F_BIGDATA = 0x01
+_P_BRANCH, _P_LEAF, _P_OVERFLOW = 0x01, 0x02, 0x04
+
+
+def _free_pages(fd: int, psize: int, root: int, pages: int) -> set[int] | None:
+    """The page numbers LMDB's free table lists (read with pread, never mapped), or None when
+    that table cannot be read within the file's ``pages`` pages."""
+    free: set[int] = set()
+    todo, seen = [root], set[int]()
+    while todo:
+        pgno = todo.pop()
+        if pgno == _P_INVALID:
+            continue
+        if pgno in seen or pgno >= pages or len(seen) > pages:
+            return None
+        seen.add(pgno)
+        page = os.pread(fd, psize, pgno * psize)
+        flags, lower = int.from_bytes(page[10:12], "little"), int.from_bytes(page[12:14],
+                                                                               "little")
+        if len(page) < psize or not flags & (_P_BRANCH | _P_LEAF) or not 16 <= lower <= psize:
+            return None
+        for n in range((lower - 16) // 2):
+            at = int.from_bytes(page[16 + 2 * n:18 + 2 * n], "little")
+            node = page[at:at + 8]
+            if len(node) < 8:
+                return None
+            lo_hi, nflags = int.from_bytes(node[0:4], "little"), int.from_bytes(node[4:6],
+                                                                                 "little")
+            ksize = int.from_bytes(node[6:8], "little")
+            if flags & _P_BRANCH:
+                todo.append(lo_hi | nflags << 32)
+                continue
+            body = at + 8 + ksize
+            if nflags & _F_BIGDATA:
+                over = int.from_bytes(page[body:body + 8], "little")
+                count = -(-(lo_hi + 16) // psize)
+                if over + count > pages:
+                    return None
+                value = os.pread(fd, lo_hi, over * psize + 16)
+            else:
+                value = page[body:body + lo_hi]
+            ids = [int.from_bytes(value[i:i + 8], "little") for i in range(0, len(value), 8)]
+            if not ids or ids[0] > len(ids) - 1:
+                return None
+            free.update(ids[1:1 + ids[0]])
+    return free
+
+
+#: The key file older versions kept here (boundloop.keys decides what becomes of it; it is
+#: not chmod-ed here, so its mode still says whether someone else could have written it).
 KEY_FILE = "redaction.key"
 #: The files a journal directory holds; only these are given mode 0600.
-OWN_FILES = ("data.mdb", "lock.mdb", KEY_FILE)
+OWN_FILES = ("data.mdb", "lock.mdb")
 #: Largest number of queued appends folded into one transaction.
 MAX_BATCH = 4096
 
@@ -90,6 +332,40 @@ def _ekey(run_id: str, seq: int) -> bytes:
     return run_id.encode() + _SEP + seq.to_bytes(8, "big")
 
 
+def _seq_of(key: bytes, prefix: bytes) -> int:
+    """The sequence number in an event key (-1 when the key is not one)."""
+    return int.from_bytes(key[len(prefix):], "big") if len(key) == len(prefix) + 8 else -1
+
+
+def _names(ids: list[bytes]) -> list[str]:
+    """Run ids as text, each once, in order."""
+    seen: set[bytes] = set()
+    out = []
+    for rid in ids:
+        if rid not in seen:
+            seen.add(rid)
+            out.append(rid.decode(errors="backslashreplace"))
+    return out
+
+
+def _decode_index(run_id: str, raw: bytes) -> _Index:
+    """A run's stored index entry, checked.
+
+    Raises:
+        JournalCorrupt: (a ``chain.ChainError``) it does not match its checksum or run.
+    """
+    body = chain.verified(raw)
+    if body is None:
+        raise chain.ChainError(run_id, 0, "the run's index entry does not match its checksum")
+    try:
+        info = _info_dec.decode(body)
+    except msgspec.DecodeError:
+        raise chain.ChainError(run_id, 0, "the run's index entry does not decode") from None
+    if info.run_id != run_id:
+        raise chain.ChainError(run_id, 0, f"the run's index entry names run {info.run_id!r}")
+    return info
+
+
 class _Request(msgspec.Struct):
     run_id: str
     expected_seq: int
@@ -121,15 +397,12 @@ class LmdbJournal(Journal):
             if not create or readonly:
                 raise JournalUnavailable(f"no journal at {self.path}; run a command that "
                                          "creates one, or pass the right --journal")
-            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
-            # Parents made on the way are private too, whatever the umask.
-            os.chmod(self.path, 0o700)
+            # The directory and every parent made on the way are private, whatever the umask.
+            _make_private_dirs(self.path)
         elif not self.path.is_dir():
             raise ConfigError(f"{self.path} is not a directory; a journal is a directory")
-        if data.exists() and data.stat().st_size == 0:
-            raise JournalCorrupt(f"{data} is empty: this is not a journal (a damaged or "
-                                 "truncated copy?); restore it from a backup or point "
-                                 "--journal at another directory")
+        # Before LMDB maps it: a file shorter than its own metadata says would be a SIGBUS.
+        check_data_file(data)
         if not data.exists():
             if not create or readonly:
                 raise JournalUnavailable(f"{self.path} holds no journal (no data.mdb); pass "
@@ -137,7 +410,7 @@ class LmdbJournal(Journal):
             # A new journal: its directory becomes private, whatever the umask. An existing
             # journal's directory is left as its owner set it.
             os.chmod(self.path, 0o700)
-        self._key = self._read_key() if readonly else self._load_key()
+        self._key: bytes | None = None  # resolved on first use (secret_key, bind_key)
         self.pid = os.getpid()
         self._closed = False
         self._real = os.path.realpath(self.path)
@@ -149,6 +422,9 @@ class LmdbJournal(Journal):
                     "one environment per process): use that one, e.g. runner.journal, or "
                     "boundloop.journal.lmdb.acquire()")
             _opened[self._real] = self
+        self._lock_fd = -1
+        self._lock_id: tuple[int, int] | None = None
+        self._lock_lost = ""
         try:
             if readonly:
                 # Never a write transaction, never a new file: reader slots in a lock file
@@ -160,15 +436,23 @@ class LmdbJournal(Journal):
                 self._env = lmdb.open(str(self.path), map_size=map_size, max_dbs=8,
                                       sync=sync, max_readers=max_readers, mode=0o600,
                                       subdir=True)
+            self._hold_lock_file()
             self._open_dbs()
-        except (lmdb.Error, OSError) as exc:
+        except BaseException as exc:
             with _opened_lock:
-                _opened.pop(self._real, None)
+                if _opened.get(self._real) is self:
+                    del _opened[self._real]
             self._closed = True
             if getattr(self, "_env", None) is not None:
                 self._env.close()
-            what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-            raise JournalUnavailable(f"cannot open the journal at {self.path}: {what}") from None
+            self._release_lock_file()
+            if isinstance(exc, JournalError):
+                raise
+            if isinstance(exc, lmdb.Error | OSError):
+                what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                cls = JournalCorrupt if isinstance(exc, _DAMAGE) else JournalUnavailable
+                raise cls(f"cannot open the journal at {self.path}: {what}") from None
+            raise
         if not readonly:
             for name in OWN_FILES:
                 if (self.path / name).exists():
@@ -190,8 +474,11 @@ class LmdbJournal(Journal):
                 if not self.readonly:
                     # Readers left behind by processes that died would pin old pages.
                     self._env.reader_check()
-                dbs = [self._env.open_db(name, create=not self.readonly)
-                       for name in (b"events", b"runs", b"order", b"open", b"owners", b"meta")]
+                self._check_roots()
+                dbs = [self._env.open_db(name, create=not self.readonly) for name in _TABLES]
+                self._events, self._runs, self._order, self._open, self._owners, \
+                    self._meta = dbs
+                self._check_format()
                 break
             except lmdb.MapResizedError:
                 # Another process grew the map meanwhile: adopt its size and try again.
@@ -201,42 +488,197 @@ class LmdbJournal(Journal):
             except lmdb.NotFoundError:
                 raise JournalCorrupt(f"{self.path} is an LMDB environment but not a boundloop "
                                      "journal (its tables are missing)") from None
-        self._events, self._runs, self._order, self._open, self._owners, self._meta = dbs
+
+    def _check_roots(self) -> None:
+        """Each table's B-tree root must lie inside the file LMDB says it has: a damaged
+        table record would otherwise send LMDB to read outside the file."""
+        last = self._env.info()["last_pgno"]
+        data = self.path / "data.mdb"
+        with self._env.begin() as txn:
+            pages = data.stat().st_size // self._env.stat()["psize"]  # after: it only grows
+            for name in _TABLES:
+                raw = txn.get(name)
+                if raw is None:
+                    continue
+                root = int.from_bytes(raw[40:48], "little") if len(raw) == 48 else -1
+                if root < 0 or (root != _P_INVALID and root > last):
+                    raise _bad_file(data, f"has a damaged record of its {name.decode()!r} "
+                                          "table")
+                if root != _P_INVALID and root >= pages:
+                    raise _bad_file(data, f"is {pages} pages long, but its {name.decode()!r} "
+                                          f"table starts at page {root}")
+
+    def _check_format(self) -> None:
+        """The journal's record format must be this version's (``chain.FORMAT``); a new
+        journal is stamped with it.
+
+        A journal written before the hash chain (format 1: no ``format`` key, records
+        without links) is refused, not read as legacy: its records cannot be checked, and
+        reading them unchecked is what the chain exists to prevent."""
+        with self._env.begin() as txn:
+            raw = txn.get(_FORMAT_KEY, db=self._meta)
+            empty = not txn.stat(self._events)["entries"] and not txn.stat(self._runs)["entries"]
+        if raw is None and empty and not self.readonly:
+            self._check_lock()
+            with self._env.begin(write=True) as txn:
+                raw = txn.get(_FORMAT_KEY, db=self._meta)
+                if raw is None and not txn.stat(self._events)["entries"]:
+                    txn.put(_FORMAT_KEY, chain.FORMAT.to_bytes(4, "big"), db=self._meta)
+                    return
+        if raw is None:
+            if empty:
+                return  # a read-only look at a journal nothing was ever written to
+            raise JournalUnavailable(
+                f"the journal at {self.path} was written by an older boundloop (record format "
+                "1, without the hash chain this version checks on every read), so this "
+                "version cannot read it: read or export its runs with the version that wrote "
+                "it (`boundloop export RUN_ID`), then move the directory aside and start a new "
+                "journal")
+        if len(raw) != 4:
+            raise _bad_file(self.path / "data.mdb", "has a damaged format record")
+        version = int.from_bytes(raw, "big")
+        if version != chain.FORMAT:
+            raise JournalUnavailable(
+                f"the journal at {self.path} has record format {version}, and this boundloop "
+                f"reads format {chain.FORMAT} only: "
+                + ("upgrade boundloop to read it" if version > chain.FORMAT else
+                   "it was written by an older boundloop; read it with that version"))
+
+    def _hold_lock_file(self) -> None:
+        """Hold a shared ``flock`` on ``lock.mdb`` while open, and note which file it is.
+
+        ``boundloop compact`` takes it exclusively, so it runs only when no other process
+        (runner or command) has the journal open. flock is independent of the fcntl locks
+        LMDB takes on the same file; the descriptor stays open until the environment is
+        closed, since closing any descriptor of the file would drop this process's fcntl
+        locks on it."""
+        lock = self.path / "lock.mdb"
+        if self.readonly and not self._env.flags()["lock"]:
+            return  # no lock file: nothing to hold, and a reader never writes
+        self._lock_fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+        st = os.fstat(self._lock_fd)
+        self._lock_id = (st.st_dev, st.st_ino)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JournalUnavailable(f"the journal at {self.path} is being compacted "
+                                     "(`boundloop compact`); retry when that has finished") \
+                from None
+
+    def _release_lock_file(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _check_lock(self) -> None:
+        """Before a write transaction: ``lock.mdb`` must still be the file this environment
+        opened. Once it was removed or replaced, writers no longer exclude each other, so
+        this journal refuses every later write (it fails closed)."""
+        if not self._lock_lost:
+            try:
+                st = os.stat(self.path / "lock.mdb")
+                same = (st.st_dev, st.st_ino) == self._lock_id
+            except FileNotFoundError:
+                same = False
+            except OSError:
+                same = True  # unreadable directory: nothing says the lock file changed
+            if not same:
+                self._lock_lost = (
+                    f"lock.mdb of the journal at {self.path} was removed or replaced while "
+                    "the journal was open; another process may be writing without "
+                    "coordination, so nothing more is written here: stop every runner on "
+                    "this journal, then reopen it")
+        if self._lock_lost:
+            raise JournalUnavailable(self._lock_lost)
 
     # -- keys and lifecycle ------------------------------------------------------------
-    def _read_key(self) -> bytes:
-        path = self.path / KEY_FILE
-        try:
-            return path.read_bytes()
-        except OSError:
-            return b""  # a reader never digests anything
+    # -- the redaction key (boundloop.keys finds and keeps it; the journal keeps only its
+    # fingerprint and its own id, in the meta table) ------------------------------------
+    _key_lock = threading.Lock()
 
-    def _load_key(self) -> bytes:
-        path = self.path / KEY_FILE
-        if not path.exists():
-            # Write it whole under a private name, then link it into place: a process
-            # opening the journal at the same moment never reads a half-written key.
-            tmp = self.path / f".{KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(secrets.token_bytes(32))
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                pass
-            finally:
-                tmp.unlink()
-        key = path.read_bytes()
-        if len(key) != 32:
-            raise JournalCorrupt(f"{path} is not a 32-byte key; restore it from a backup "
-                                 "(redacted digests depend on it)")
+    def _key_meta(self, txn: Any) -> tuple[str | None, str | None]:
+        where = str(self.path)
+        return (keys.journal_id_of(txn.get(keys.META_JOURNAL_ID, db=self._meta), where),
+                keys.fingerprint_of(txn.get(keys.META_FINGERPRINT, db=self._meta), where))
+
+    def _read_key(self) -> bytes:
+        """A read-only open's key: the journal's when it can be found (``keys.find``), else
+        a random key of this open's own, so nothing it digests (an export) can be confirmed
+        by anyone or matches the journal's digests. Creates and writes nothing."""
+        try:
+            with self._txn(self._meta) as txn:
+                journal_id, recorded = self._key_meta(txn)
+        except (JournalCorrupt, lmdb.Error):
+            journal_id = recorded = None
+        found = keys.find(journal_id, recorded)
+        return found if found is not None else secrets.token_bytes(keys.MIN_KEY_BYTES)
+
+    def _load_key(self, source: keys.KeySource | None = None) -> bytes:
+        """A writer's key (``keys.resolve``): the journal gets an id at its first key, and
+        the key's fingerprint is recorded once; a key with another fingerprint is refused."""
+        if self.readonly:
+            given = keys.given_key(source, self.path)
+            if given is None:
+                return self._read_key()
+            with self._txn(self._meta) as txn:
+                journal_id, recorded = self._key_meta(txn)
+            keys.check_fingerprint(given[0], recorded, given[1], str(self.path), journal_id)
+            return given[0]
+
+        def ids(txn: Any) -> tuple[str, str | None, bool]:
+            journal_id, recorded = self._key_meta(txn)
+            if journal_id is None:
+                journal_id = keys.new_journal_id()
+                txn.put(keys.META_JOURNAL_ID, journal_id.encode(), db=self._meta)
+            # A run was ever appended (an older version's journal may have its key inside).
+            return journal_id, recorded, txn.get(b"order", db=self._meta) is not None
+
+        journal_id, recorded, has_runs = self._write(ids)
+        key = keys.resolve(source, journal_id=journal_id, recorded=recorded,
+                           journal_dir=self.path, has_runs=has_runs)
+        if recorded is None:
+            def record(txn: Any) -> str | None:
+                first = self._key_meta(txn)[1]
+                if first is None:
+                    txn.put(keys.META_FINGERPRINT, keys.fingerprint(key).encode(),
+                            db=self._meta)
+                return first
+
+            # Another process may have recorded its key meanwhile: then it must be this one.
+            raced = self._write(record)
+            keys.check_fingerprint(key, raced, "this runner", str(self.path), journal_id)
+        return key
+
+    def bind_key(self, source: keys.KeySource | None) -> bytes:
+        """Use the key ``source`` gives (``bl.Runner(redaction_key=...)``; None: the
+        environment variable or the state directory, see ``boundloop.keys``), checked
+        against the journal's fingerprint. A journal that already has its key (another
+        Runner in this process bound it) keeps it: ``source`` must then be the same key.
+
+        Raises:
+            ConfigError: the key is refused, or is not the journal's.
+        """
+        with self._key_lock:
+            if self._key is None:
+                self._key = self._load_key(source)
+                return self._key
+            key = self._key
+        given = keys.given_key(source, self.path, env=False)
+        if given is not None:
+            keys.check_fingerprint(given[0], keys.fingerprint(key), given[1], str(self.path))
         return key
 
     @property
     def secret_key(self) -> bytes:
-        return self._key
+        """The key redacted values are digested under (resolved on first use; see
+        ``boundloop.keys``). A read-only open without the journal's key gets a random one."""
+        key = self._key
+        if key is None:
+            with self._key_lock:
+                if self._key is None:
+                    self._key = self._read_key() if self.readonly else self._load_key()
+                key = self._key
+        return key
 
     @property
     def closed(self) -> bool:
@@ -263,6 +705,7 @@ class LmdbJournal(Journal):
             self._writer.join()  # its last commit ends before the environment does
         with self._gate.exclusive():  # and so does every read in flight
             self._env.close()
+            self._release_lock_file()  # after the environment: see _hold_lock_file
         with _opened_lock:
             if _opened.get(self._real) is self:
                 del _opened[self._real]
@@ -286,6 +729,8 @@ class LmdbJournal(Journal):
             with self._lock:
                 self._usable(write=True)
                 self._queue.put(request)
+        except lmdb.Error as exc:
+            done(_lmdb_error(exc))
         except Exception as exc:
             done(exc)
 
@@ -342,6 +787,8 @@ class LmdbJournal(Journal):
             with self._gate.shared():
                 if self._closed:
                     raise JournalUnavailable(f"the journal at {self.path} is closed")
+                if write:
+                    self._check_lock()
                 try:
                     txn = self._env.begin(db=db, write=write)
                 except lmdb.MapResizedError:
@@ -384,8 +831,8 @@ class LmdbJournal(Journal):
                 "(`boundloop prune`) or open it with a larger map_size")
             outcomes = [err] * len(batch)
         except lmdb.Error as exc:
-            outcomes = [JournalUnavailable(f"journal write failed: {exc}")] * len(batch)
-        except JournalUnavailable as exc:
+            outcomes = [_lmdb_error(exc)] * len(batch)
+        except JournalError as exc:
             outcomes = [exc] * len(batch)
         except Exception as exc:  # noqa: BLE001 - the writer must outlive any bad append
             outcomes = [JournalUnavailable(f"journal write failed: {type(exc).__name__}: "
@@ -397,8 +844,12 @@ class LmdbJournal(Journal):
                 pass
 
     def _append_in(self, txn: Any, req: _Request) -> BaseException | None:
-        raw = txn.get(req.run_id.encode(), db=self._runs)
-        info = _info_dec.decode(raw) if raw is not None else None
+        rid = req.run_id.encode()
+        raw = txn.get(rid, db=self._runs)
+        try:
+            info = None if raw is None else _decode_index(req.run_id, raw)
+        except JournalCorrupt as exc:
+            return exc
         last = info.last_seq if info is not None else 0
         fence = req.fence
         if fence is not None and info is not None and (
@@ -411,17 +862,14 @@ class LmdbJournal(Journal):
             return SequenceConflict(f"run {req.run_id!r} is at sequence {last}, not "
                                     f"{req.expected_seq}; another writer appended first")
         now = time.time()
+        new = info is None
         if info is None:
-            counter = txn.get(b"order", db=self._meta)
-            order = int.from_bytes(counter, "big") + 1 if counter else 1
-            txn.put(b"order", order.to_bytes(8, "big"), db=self._meta)
-            txn.put(order.to_bytes(8, "big"), req.run_id.encode(), db=self._order)
-            info = RunInfo(req.run_id, order, created_ts=now)
-            txn.put(req.run_id.encode(), b"", db=self._open)
-        seq = last
-        for event, data in zip(req.events, req.encoded, strict=True):
-            seq += 1
-            txn.put(_ekey(req.run_id, seq), data, db=self._events)
+            info = _Index(req.run_id, 0, created_ts=now, head=chain.seed(req.run_id))
+        elif len(info.head) != chain.LINK_SIZE:
+            return chain.ChainError(req.run_id, last, "the run's index entry holds no chain head")
+        # Everything is checked before anything is written: a refused append stores nothing.
+        is_open: bool | None = True if new else None
+        for event in req.events:
             match event:
                 case ev.RunAdmitted():
                     info.parent_run_id = event.parent_run_id
@@ -432,61 +880,199 @@ class LmdbJournal(Journal):
                         return SequenceConflict(f"run {req.run_id!r} is at epoch {info.epoch}; "
                                                 f"a claim of epoch {epoch} came too late")
                     info.owner, info.epoch = event.owner, epoch
+                case ev.RunFinished():
+                    info.status, info.finished_ts = event.status, event.ts or now
+                    is_open = False
+                case ev.RunResumed():
+                    info.status, info.finished_ts = None, None
+                    is_open = True
                 case _:
                     pass
-            if isinstance(event, ev.RunFinished):
-                info.status, info.finished_ts = event.status, event.ts or now
-                txn.delete(req.run_id.encode(), db=self._open)
-            elif isinstance(event, ev.RunResumed):
-                info.status, info.finished_ts = None, None
-                txn.put(req.run_id.encode(), b"", db=self._open)
-        info.last_seq, info.updated_ts = seq, now
-        txn.put(req.run_id.encode(), _info_enc.encode(info), db=self._runs)
+        if new:
+            counter = txn.get(b"order", db=self._meta)
+            info.order = int.from_bytes(counter, "big") + 1 if counter else 1
+            txn.put(b"order", info.order.to_bytes(8, "big"), db=self._meta)
+            txn.put(info.order.to_bytes(8, "big"), rid, db=self._order)
+        head, seq = info.head, last
+        for data in req.encoded:
+            seq += 1
+            head = chain.link(head, data)
+            txn.put(_ekey(req.run_id, seq), head + data, db=self._events)
+        info.head, info.last_seq, info.updated_ts = head, seq, now
+        txn.put(rid, chain.checksum(_info_enc.encode(info)), db=self._runs)
+        if is_open:
+            txn.put(rid, b"", db=self._open)
+        elif is_open is not None:
+            txn.delete(rid, db=self._open)
         return None
 
     # -- reading -----------------------------------------------------------------------
     def read(self, run_id: str, after: int = 0) -> Iterator[tuple[int, ev.Event]]:
+        """The run's ``(seq, event)`` pairs after ``after``, each checked first: the sequence
+        is dense up to the index's last, every record matches its chain link, and the chain
+        ends at the head kept in the run's index. Nothing is returned unless all of it holds
+        (records before ``after`` are not read: the link of record ``after`` starts the check).
+
+        Raises:
+            JournalCorrupt: (a ``chain.ChainError``) naming the run and sequence number.
+        """
         self._usable()
-        prefix = run_id.encode() + _SEP
+        if not valid_run_id(run_id):
+            return iter(())
+        with _guarded(f"run {run_id!r}"), self._txn() as txn:
+            return iter(self._read_in(txn, run_id, max(after, 0)))
+
+    def _read_in(self, txn: Any, run_id: str, after: int) -> list[tuple[int, ev.Event]]:
+        rid = run_id.encode()
+        prefix = rid + _SEP
+        raw = txn.get(rid, db=self._runs)
+        cur = txn.cursor(db=self._events)
+        if raw is None:
+            if cur.set_range(prefix) and cur.key().startswith(prefix):
+                raise chain.ChainError(run_id, _seq_of(cur.key(), prefix),
+                                       "records of a run that has no index entry")
+            return []
+        info = _decode_index(run_id, raw)
+        last = info.last_seq
+        if len(info.head) != chain.LINK_SIZE:
+            raise chain.ChainError(run_id, 0, "the run's index entry holds no chain head")
+        after = min(after, last)
+        if after == 0:
+            prev = chain.seed(run_id)
+        else:
+            start = txn.get(_ekey(run_id, after), db=self._events)
+            if start is None or len(start) <= chain.LINK_SIZE:
+                raise chain.ChainError(run_id, after, "the record is missing or truncated")
+            prev = start[:chain.LINK_SIZE]
         out: list[tuple[int, ev.Event]] = []
-        with self._txn(self._events) as txn:
-            cur = txn.cursor()
-            if cur.set_range(_ekey(run_id, after + 1)):
-                for key, value in cur:
-                    if not key.startswith(prefix):
-                        break
-                    out.append((int.from_bytes(key[len(prefix):], "big"), codec.decode(value)))
-        return iter(out)
+        expected = after + 1
+        if cur.set_range(_ekey(run_id, expected)):
+            for key, value in cur:
+                if not key.startswith(prefix):
+                    break
+                seq = _seq_of(key, prefix)
+                if seq != expected:
+                    what = (f"the record is missing (the next one stored is seq {seq})"
+                            if seq > expected else "a record's key is damaged")
+                    raise chain.ChainError(run_id, expected, what)
+                body = chain.unseal(run_id, seq, prev, value)
+                prev = value[:chain.LINK_SIZE]
+                try:
+                    event = codec.decode(body)
+                except JournalCorrupt as exc:
+                    raise chain.ChainError(run_id, seq, f"the record does not decode: {exc}") \
+                        from None
+                out.append((seq, event))
+                expected += 1
+        if expected - 1 < last:
+            raise chain.ChainError(run_id, expected, f"the record is missing (the run's index "
+                                                     f"says it has {last})")
+        if expected - 1 > last:
+            raise chain.ChainError(run_id, last + 1, f"a record past the run's last (the "
+                                                     f"index says it has {last})")
+        if prev != info.head:
+            raise chain.ChainError(run_id, last, "the chain does not end at the head kept in "
+                                                 "the run's index (its last record was "
+                                                 "altered or replaced)")
+        return out
+
+    def chain_head(self, run_id: str) -> bytes:
+        """Check the whole of run ``run_id`` (as ``read`` does) and return its chain head,
+        the link of its last record: an auditor who keeps it can later show the run's
+        records unchanged (``boundloop verify`` prints it in hex).
+
+        Raises:
+            UnknownRun: no run has that id.
+            JournalCorrupt: (a ``chain.ChainError``) naming the run and sequence number.
+        """
+        self._usable()
+        if not valid_run_id(run_id):
+            raise UnknownRun(f"{run_id!r} cannot name a run")
+        with _guarded(f"run {run_id!r}"), self._txn() as txn:
+            self._read_in(txn, run_id, 0)
+            raw = txn.get(run_id.encode(), db=self._runs)
+            if raw is None:
+                raise UnknownRun(f"no run {run_id!r} in this journal; `boundloop runs` lists "
+                                 "them")
+            return _decode_index(run_id, raw).head
+
+    def indexed_run_ids(self) -> list[str]:
+        """Every run id in the indexes (the order index's, oldest first, then any other run
+        with an index entry), whatever state they are in: what ``boundloop verify`` checks.
+        An id that is not valid UTF-8 (a damaged key) is named with backslash escapes."""
+        self._usable()
+        with _guarded("the run index"), self._txn() as txn:
+            ordered = [v for _, v in txn.cursor(db=self._order)]
+            entries = sorted(k for k, _ in txn.cursor(db=self._runs))
+        return _names(ordered + entries)
+
+    def recorded_run_ids(self) -> list[str]:
+        """Every run id that records are stored under, sorted (one key read per run)."""
+        self._usable()
+        found = []
+        with _guarded("the records"), self._txn() as txn:
+            cur = txn.cursor(db=self._events)
+            more = cur.first()
+            while more:
+                rid = cur.key().split(_SEP, 1)[0]
+                found.append(rid)
+                more = cur.set_range(rid + b"\x01")  # past every key of that run
+        return _names(found)
+
+    def stored_head(self, run_id: str) -> bytes | None:
+        """The chain head the run's index entry keeps (unchecked), None when unreadable."""
+        try:
+            info = self.find(run_id)
+        except JournalCorrupt:
+            return None
+        return None if info is None else cast(_Index, info).head
 
     def find(self, run_id: str) -> RunInfo | None:
         self._usable()
         if not valid_run_id(run_id):
             return None
-        with self._txn(self._runs) as txn:
-            raw = txn.get(run_id.encode())
-        return None if raw is None else _info_dec.decode(raw)
+        with _guarded(f"run {run_id!r}"), self._txn() as txn:
+            raw = txn.get(run_id.encode(), db=self._runs)
+            if raw is not None:
+                return _decode_index(run_id, raw)
+            prefix = run_id.encode() + _SEP
+            cur = txn.cursor(db=self._events)
+            if cur.set_range(prefix) and cur.key().startswith(prefix):
+                # Records without an index entry: a damaged index, not an unknown run.
+                raise chain.ChainError(run_id, _seq_of(cur.key(), prefix),
+                                       "records of a run that has no index entry")
+            return None
 
     def runs(self) -> Iterator[str]:
-        self._usable()
-        with self._txn(self._order) as txn:
-            ids = [v.decode() for _, v in txn.cursor()]
-        return iter(ids)
+        return iter([i.run_id for i in self.infos()])
 
     def infos(self) -> list[RunInfo]:
-        """Every run's index entry, oldest first."""
+        """Every run's index entry, oldest first (each checked against the order index)."""
         self._usable()
-        with self._txn() as txn:
-            out = []
-            for _, rid in txn.cursor(db=self._order):
+        out: list[RunInfo] = []
+        with _guarded("the run index"), self._txn() as txn:
+            for key, rid in txn.cursor(db=self._order):
+                run_id = rid.decode()
                 raw = txn.get(rid, db=self._runs)
-                if raw is not None:
-                    out.append(_info_dec.decode(raw))
+                info = None if raw is None else _decode_index(run_id, raw)
+                if info is None or info.order.to_bytes(8, "big") != key:
+                    raise chain.ChainError(run_id, 0, "the order index does not match the "
+                                                      "run's index entry")
+                out.append(info)
         return out
 
     def open_runs(self) -> Iterator[str]:
         self._usable()
-        with self._txn(self._open) as txn:
-            ids = [k.decode() for k, _ in txn.cursor()]
+        ids = []
+        with _guarded("the index of open runs"), self._txn() as txn:
+            for key, _ in txn.cursor(db=self._open):
+                run_id = key.decode()
+                raw = txn.get(key, db=self._runs)
+                info = None if raw is None else _decode_index(run_id, raw)
+                if info is None or info.status is not None:
+                    raise chain.ChainError(run_id, 0, "the index of open runs does not match "
+                                                      "the run's index entry")
+                ids.append(run_id)
         return iter(ids)
 
     # -- owners ------------------------------------------------------------------------
@@ -497,14 +1083,12 @@ class LmdbJournal(Journal):
         LMDB serialises write transactions, so this simply waits for the writer thread's.
         """
         self._usable(write=True)
-        try:
-            with self._txn(write=True) as txn:
-                return fn(txn)
-        except lmdb.Error as exc:
-            raise JournalUnavailable(f"journal write failed: {exc}") from None
+        with _guarded(), self._txn(write=True) as txn:
+            return fn(txn)
 
     def put_owner(self, record: OwnerRecord) -> None:
-        self._write(lambda txn: txn.put(record.owner.encode(), _info_enc.encode(record),
+        self._write(lambda txn: txn.put(record.owner.encode(),
+                                        chain.checksum(_info_enc.encode(record)),
                                         db=self._owners))
 
     def remove_owner(self, owner: str) -> None:
@@ -512,8 +1096,18 @@ class LmdbJournal(Journal):
 
     def owners(self) -> dict[str, OwnerRecord]:
         self._usable()
-        with self._txn(self._owners) as txn:
-            return {k.decode(): _owner_dec.decode(v) for k, v in txn.cursor()}
+        out: dict[str, OwnerRecord] = {}
+        with _guarded("the runner index"), self._txn(self._owners) as txn:
+            for key, value in txn.cursor():
+                owner = key.decode()
+                body = chain.verified(value)
+                record = None if body is None else _owner_dec.decode(body)
+                if record is None or record.owner != owner:
+                    raise JournalCorrupt(f"the journal is damaged: the record of runner "
+                                         f"{owner!r} does not match its checksum; restore the "
+                                         "journal from a backup")
+                out[owner] = record
+        return out
 
     # -- retention ---------------------------------------------------------------------
     def prune(self, finished_before: float, dry_run: bool = False,
@@ -578,3 +1172,169 @@ def release(journal: LmdbJournal) -> None:
                 del _shared[key]
                 break
     journal.close()
+
+
+# -- compaction ------------------------------------------------------------------------------
+#: Test hook: seconds to sleep before each step of ``compact`` (so a test can kill it there).
+COMPACT_PAUSE_ENV = "BOUNDLOOP_TEST_COMPACT_PAUSE"
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _pause(step: str) -> None:
+    """The test hook: with ``$BOUNDLOOP_TEST_COMPACT_PAUSE`` set, say which step comes next
+    (on stderr) and sleep that many seconds first."""
+    delay = os.environ.get(COMPACT_PAUSE_ENV)
+    if delay:
+        print(f"compact: {step}", file=sys.stderr, flush=True)
+        time.sleep(float(delay))
+
+
+#: Entries copied per write transaction of a compaction.
+_COPY_CHUNK = 100_000
+
+
+def _tables(env: Any, txn: Any) -> dict[bytes, Any]:
+    """Every named table of ``env`` (the keys of its main table), by name."""
+    return {name: env.open_db(name, txn=txn, create=False) for name, _ in txn.cursor()}
+
+
+def _table_counts(env: Any) -> dict[bytes, int]:
+    with env.begin() as txn:
+        return {name: int(txn.stat(db)["entries"]) for name, db in _tables(env, txn).items()}
+
+
+def _rewrite(env: Any, into: Path) -> None:
+    """Write every table of ``env`` into a new environment in directory ``into``, in key
+    order with MDB_APPEND, so its pages are full: a compacting ``env.copy`` only leaves the
+    free pages out, and keeps the half-empty pages that deleting most runs leaves behind."""
+    size = (Path(env.path()) / "data.mdb").stat().st_size
+    new = lmdb.open(str(into), map_size=max(2 * size, 1 << 26), max_dbs=64, sync=False,
+                    lock=False, subdir=True, mode=0o600)
+    try:
+        with env.begin() as src:
+            for name, db in _tables(env, src).items():
+                flags = db.flags(src)
+                with new.begin(write=True) as txn:
+                    out = new.open_db(name, txn=txn, **flags)
+                items = src.cursor(db=db).iternext()
+                while True:
+                    chunk = list(itertools.islice(items, _COPY_CHUNK))
+                    if not chunk:
+                        break
+                    with new.begin(write=True) as txn:
+                        txn.cursor(db=out).putmulti(chunk, dupdata=flags["dupsort"],
+                                                    append=not flags["dupsort"])
+        new.sync(True)
+    finally:
+        new.close()
+
+
+def compact(path: str | os.PathLike[str],
+            alive: Callable[[OwnerRecord], bool]) -> tuple[int, int]:
+    """Rewrite the journal in ``path`` without its free pages and return the size of its
+    ``data.mdb`` before and after (LMDB files never shrink by themselves).
+
+    A compacting copy (``env.copy(..., compact=True)``) is written into a new directory next
+    to the journal (same filesystem), checked, fsynced, and swapped in with ``os.replace``: a
+    crash at any moment leaves either the old file or the whole new one, never a mix. A
+    leftover copy of a crashed compaction is removed by the next one.
+
+    It runs only when nothing else uses the journal: it takes ``lock.mdb``'s flock
+    exclusively, which every open journal holds shared (a runner, a reader such as
+    ``boundloop show``; LMDB's reader table would not do, since py-lmdb frees a reader slot at
+    the end of each read transaction, so idle openers do not show there), and it refuses while
+    a registered runner is ``alive`` (for runners on other machines, where a lock says
+    nothing).
+
+    Raises:
+        JournalUnavailable: another process has the journal open, a live runner owns it,
+            or it is open in this process.
+        JournalCorrupt: the journal is damaged (it is not copied).
+    """
+    where = Path(path)
+    data, lock = where / "data.mdb", where / "lock.mdb"
+    if not data.exists():
+        raise JournalUnavailable(f"{where} holds no journal (no data.mdb); pass the right "
+                                 "--journal or set $BOUNDLOOP_JOURNAL")
+    check_data_file(data)
+    with _opened_lock:
+        other = _opened.get(os.path.realpath(where))
+        if other is not None and not other.closed and other.pid == os.getpid():
+            raise JournalUnavailable(f"the journal at {where} is open in this process; close "
+                                     "it before compacting")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    tmp: Path | None = None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise JournalUnavailable(
+                f"other processes have the journal at {where} open (runners, or commands such "
+                "as `boundloop show`); stop them, then compact") from None
+        for stale in where.parent.glob(f".{where.name}.compact-*"):
+            shutil.rmtree(stale, ignore_errors=True)  # a compaction that crashed
+        before = data.stat().st_size
+        try:
+            env = lmdb.open(str(where), max_dbs=64, readonly=True, subdir=True, create=False)
+        except lmdb.Error as exc:
+            raise JournalUnavailable(f"cannot open the journal at {where}: {exc}") from None
+        try:
+            with _guarded("the runner index"), env.begin() as txn:
+                owners = txn.get(b"owners")
+                records = []
+                if owners is not None:
+                    db = env.open_db(b"owners", txn=txn, create=False)
+                    for key, value in txn.cursor(db=db):
+                        body = chain.verified(value)
+                        if body is None:
+                            raise JournalCorrupt(f"the journal is damaged: the record of "
+                                                 f"runner {key.decode(errors='replace')!r} "
+                                                 "does not match its checksum")
+                        records.append(_owner_dec.decode(body))
+            live = [r for r in records if alive(r)]
+            if live:
+                names = ", ".join(f"{r.owner} (pid {r.pid} on {r.host})" for r in live)
+                raise JournalUnavailable(f"the journal at {where} is in use by live runner(s) "
+                                         f"{names}; stop them (or wait for their lease to "
+                                         "run out), then compact")
+            counts = _table_counts(env)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{where.name}.compact-", dir=where.parent))
+            _pause("copy")
+            with _guarded():
+                _rewrite(env, tmp)
+        finally:
+            env.close()
+        new = tmp / "data.mdb"
+        nfd = os.open(new, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.fchmod(nfd, 0o600)
+            os.fsync(nfd)
+        finally:
+            os.close(nfd)
+        _pause("check")
+        check_data_file(new)
+        copy = lmdb.open(str(tmp), max_dbs=64, readonly=True, lock=False, subdir=True,
+                         create=False)
+        try:
+            if _table_counts(copy) != counts:
+                raise JournalUnavailable(f"the compacted copy of {where} does not hold what "
+                                         "the journal holds; nothing was changed")
+        finally:
+            copy.close()
+        _fsync_path(tmp)
+        _pause("swap")
+        os.replace(new, data)
+        _fsync_path(where)
+        _pause("done")
+        return before, data.stat().st_size
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        os.close(fd)  # releases the flock (no environment of this process is open on it)

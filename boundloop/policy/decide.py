@@ -78,17 +78,28 @@ def parse_response(raw: Any) -> Response | Malformed:
         except (TypeError, ValueError, OverflowError) as exc:
             return Malformed(f"the response holds a value that is not JSON-like "
                              f"({type(exc).__name__})")
-    reason = _shape_reason(raw)
-    if reason is not None:
-        return Malformed(reason)
     try:
         parsed: Response = msgspec.convert(raw, Response)
-    except msgspec.ValidationError:
-        return Malformed("the response does not have the shape of bl.Final or bl.CallTools")
+    except (msgspec.ValidationError, TypeError):
+        # Only now, on the rare path, work out a plain sentence for what was wrong.
+        reason = _shape_reason(raw) or \
+            "the response does not have the shape of bl.Final or bl.CallTools"
+        return Malformed(reason, _reported_usage(raw))
     if not storable(parsed):
         return Malformed("the response holds text that is not valid Unicode (a lone "
                          "surrogate) or an integer beyond 64 bits, which cannot be recorded")
     return parsed
+
+
+def _reported_usage(raw: Any) -> Usage | None:
+    """The usage a malformed response still reports (it was billed), if it is readable."""
+    usage = raw.get("usage") if isinstance(raw, dict) else None
+    if usage is None:
+        return None
+    try:
+        return msgspec.convert(usage, Usage)
+    except (msgspec.ValidationError, TypeError, ValueError):
+        return None
 
 
 def _kind_of(value: Any) -> str:
@@ -107,11 +118,6 @@ def _shape_reason(raw: Any) -> str | None:
         # The value itself is not echoed: whatever the model put there may be a secret.
         return "the response has no `kind`" if kind is None else \
             f"the response's kind is {_kind_of(kind)} other than 'final' or 'calls'"
-    allowed = {"kind", "usage"} | ({"text"} if kind == "final" else
-                                   {"calls", "text", "content"})
-    extra = sorted(str(k) for k in raw if k not in allowed)
-    if extra:
-        return f"the {kind} response has an unknown field `{extra[0]}`"
     usage = raw.get("usage")
     if usage is not None and not (isinstance(usage, dict) and all(
             isinstance(v, int | float) and not isinstance(v, bool) or v is None
@@ -161,9 +167,6 @@ def _call_reason(n: int, call: Any) -> str | None:
     if not isinstance(arguments, dict):
         return f"call {n} (`{name}`) has no arguments" if arguments is None else \
             f"call {n} (`{name}`) has arguments that are {_kind_of(arguments)}, not an object"
-    extra = sorted(str(k) for k in call if k not in ("id", "name", "arguments"))
-    if extra:
-        return f"call {n} (`{name}`) has an unknown field `{extra[0]}`"
     return None
 
 
@@ -388,12 +391,15 @@ def start_step(state: RunState, budget: Budget, reservation: Usage,
 
 
 def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation: Usage,
-                  cancelled: bool, price: Price | None, now: Now) -> Replied:
+                  cancelled: bool, price: Price | None, now: Now,
+                  deadline_passed: bool = False) -> Replied:
     """SPEC 5 steps 3 to 7, for the step ``state.model_steps`` (already started).
 
-    In order: the deadline wall abandoned the call (its reservation stands, estimated);
-    the model raised (3); cancellation was observed after the response (4: it is
-    discarded); the response is malformed (5: a notice while ``malformed_retries`` remain);
+    In order: the deadline wall abandoned the call (its reservation stands, estimated),
+    or the model raised once the deadline had passed (an adapter's HTTP call bounded by
+    the deadline timed out: that is the deadline too); the model raised (3); cancellation
+    was observed after the response (4: it is discarded); the response is malformed (5: a
+    notice while ``malformed_retries`` remain);
     else the reported usage replaces the reservation (6), a final response is accepted
     (7), and a token or cost limit now exceeded keeps any call from being dispatched (6).
     """
@@ -414,6 +420,9 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
     if reply.abandoned is not None:
         return failed("cancelled", "the model call never started",
                       Stop("cancelled", detail="The model call was not started."))
+    if reply.error is not None and deadline_passed:
+        return failed("deadline", reply.error, Stop(
+            "limit_exceeded", "deadline", "The model call failed as the deadline passed."))
     if reply.error is not None:
         return failed("error", reply.error, Stop("model_error", detail=reply.error))
     if cancelled:

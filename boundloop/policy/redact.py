@@ -1,8 +1,26 @@
 """What may enter the journal: credential-like and sensitive fields become keyed digests, and
 values the journal cannot hold are refused or made storable at the boundary.
 
-A redacted value is stored as ``"hmac-sha256:<hex>"`` (HMAC under the journal's own key), so a
-guessed secret cannot be confirmed from a copied journal without that key.
+A redacted value is stored as ``"hmac-sha256:<hex>"`` (HMAC under the journal's redaction
+key, kept apart from the journal: ``boundloop.keys``), so a guessed secret cannot be
+confirmed from a copied journal without that key.
+
+**Which keys are credentials** (``is_credential``): a key is split into words at punctuation
+and camelCase (``X-Api-Key`` -> x, api, key; ``sessionId`` -> session, id) and lower-cased;
+it names a credential when a word is in ``CREDENTIAL_WORDS`` (which also lists compounds
+written as one word: ``sessionid``, ``apikey``) or two adjacent words are in
+``CREDENTIAL_PAIRS``, unless the neighbouring word makes it something else
+(``page_token``, ``token_count``, ``auth_url``, ``pin_memory``, ``secret_name``). Whole words
+only: ``max_tokens``, ``pinned``, ``spin``, ``tokenizer``, ``author`` are not credentials.
+
+**Secrets in text** (``Scrubber``, one per run): every clear value redacted in the run is
+remembered, and later texts (exception messages, permit and cancel reasons, notices,
+results, final text) have each occurrence replaced by that value's digest; text with the
+shape of a credential (``SECRET_PATTERNS``: PEM private keys, JWTs, URL userinfo and DSN
+passwords, Bearer/Basic values, cookie headers, well-known API-key prefixes; and
+``key=value`` / ``key: value`` text whose key names a credential, query strings and DSNs
+included) is replaced by its digest too. Values shorter than ``MIN_REMEMBERED`` characters
+are not looked for in text, and those shorter than ``WHOLE_WORD_BELOW`` only as whole words.
 
 **Shape.** Tool arguments, tool results and ``history=`` values may nest containers (dicts,
 lists, tuples, sets) at most ``MAX_DEPTH`` levels deep (the outermost container is level 1)
@@ -16,7 +34,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Collection, Iterator
+import typing
+from collections.abc import Callable, Collection, Iterator
 from typing import Any, Literal
 
 import msgspec
@@ -37,14 +56,49 @@ MAX_DEPTH = 64
 #: ``invalid_arguments``; the value says why.
 ARGUMENTS_NOT_KEPT = "(arguments not kept)"
 
-#: Whole words (of a key split at punctuation and camelCase) that name a credential.
+#: Whole words (of a key split at punctuation and camelCase, lower-cased) that name a
+#: credential, with the compounds people write as one word (``sessionid``, ``apikey``).
+#: Plurals only where they name containers of credentials: ``tokens`` is not one
+#: (``max_tokens``), nor are ``pinned``, ``spin``, ``tokenizer`` or ``author``.
 CREDENTIAL_WORDS = frozenset({
-    "password", "passwd", "passphrase", "token", "secret", "authorization", "auth",
-    "credential", "credentials", "apikey", "cookie", "bearer", "privatekey",
+    "password", "passwords", "passwd", "pwd", "pass", "passcode", "passphrase", "passkey",
+    "pin", "pincode", "otp", "totp", "hotp", "cvv", "cvc",
+    "token", "jwt", "bearer", "secret", "secrets", "authorization", "auth", "credential",
+    "credentials", "creds", "cookie", "cookies",
+    "apikey", "apikeys", "privatekey", "accesskey", "secretkey", "sessionkey", "signingkey",
+    "masterkey", "encryptionkey", "accountkey", "appkey", "secretaccesskey",
+    "sessionid", "sessid", "phpsessid", "jsessionid", "sessiontoken",
+    "accesstoken", "refreshtoken", "authtoken", "idtoken", "apitoken", "bearertoken",
+    "csrftoken", "xsrftoken", "clientsecret", "apisecret",
 })
-#: Adjacent word pairs that name a credential (``api_key``, ``private-key``, ``AccessKey``).
-CREDENTIAL_PAIRS = frozenset({("api", "key"), ("private", "key"), ("access", "key"),
-                              ("secret", "key"), ("session", "key"), ("signing", "key")})
+#: Adjacent word pairs that name a credential (``api_key``, ``X-Api-Key``, ``privateKey``,
+#: ``SessionID``).
+CREDENTIAL_PAIRS = frozenset({
+    ("api", "key"), ("api", "keys"), ("private", "key"), ("access", "key"), ("secret", "key"),
+    ("session", "key"), ("session", "id"), ("signing", "key"), ("master", "key"),
+    ("encryption", "key"), ("account", "key"), ("app", "key"), ("pass", "phrase"),
+})
+#: Credential words that name something else after these words (``page_token``,
+#: ``output_token``: a cursor and a count) ...
+_NOT_AFTER: dict[str, frozenset[str]] = {
+    "token": frozenset({"num", "total", "input", "output", "prompt",
+                        "completion", "reasoning", "cache", "cached", "page", "next", "prev",
+                        "previous", "continuation", "pagination", "cursor", "end", "start",
+                        "stop", "special", "unk", "pad", "bos", "eos", "sep", "mask"}),
+}
+#: ... or before these words (``token_count``, ``token_ids``, ``auth_url``, ``pin_memory``).
+_NOT_BEFORE: dict[str, frozenset[str]] = {
+    "token": frozenset({"count", "counts", "usage", "budget", "budgets",
+                        "type", "types", "ids", "index", "indices", "offset", "offsets",
+                        "position", "positions", "logprob", "logprobs", "estimate", "length",
+                        "len", "size", "total", "totals", "rate", "price", "cost"}),
+    "auth": frozenset({"url", "uri", "type", "method", "mode", "provider", "endpoint",
+                       "scheme", "required", "enabled", "domain", "server", "host", "flow"}),
+    "pin": frozenset({"memory", "version", "versions"}),
+    "pass": frozenset({"rate", "count", "counts", "fail", "through", "thru", "number",
+                       "percent", "ratio", "threshold", "at", "k"}),
+    "secret": frozenset({"name", "names", "ref", "arn", "path", "version", "versions"}),
+}
 
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 _json = msgspec.json.Encoder()
@@ -71,8 +125,12 @@ def key_words(key: str) -> list[str]:
 
 def _names_credential(key: str) -> bool:
     words = key_words(key)
-    if any(w in CREDENTIAL_WORDS for w in words):
-        return True
+    last = len(words) - 1
+    for i, word in enumerate(words):
+        if word in CREDENTIAL_WORDS and not (
+                (i > 0 and words[i - 1] in _NOT_AFTER.get(word, ()))
+                or (i < last and words[i + 1] in _NOT_BEFORE.get(word, ()))):
+            return True
     return any(pair in CREDENTIAL_PAIRS for pair in zip(words, words[1:], strict=False))
 
 
@@ -246,20 +304,22 @@ def _json_problem(value: Any) -> str:
 
 
 # -- redaction --------------------------------------------------------------------------
-def redact(value: Any, secret_key: bytes, sensitive: Collection[str] = ()) -> tuple[Any, bool]:
+def redact(value: Any, secret_key: bytes, sensitive: Collection[str] = (),
+           found: list[Any] | None = None) -> tuple[Any, bool]:
     """``value`` with credential and ``sensitive`` fields (at any depth) replaced by digests.
 
-    Returns the redacted copy and whether anything was replaced. Containers nested deeper
-    than ``MAX_DEPTH`` (or holding themselves) are replaced by a short text and count as
-    redacted: the journal never holds them.
+    Returns the redacted copy and whether anything was replaced; each clear value replaced
+    is appended to ``found`` when given (a ``Scrubber`` remembers them). Containers nested
+    deeper than ``MAX_DEPTH`` (or holding themselves) are replaced by a short text and
+    count as redacted: the journal never holds them.
     """
     if isinstance(value, dict | list | tuple):
-        return _redact(value, secret_key, sensitive, 1)
+        return _redact(value, secret_key, sensitive, 1, found)
     return value, False
 
 
 def _redact(value: Any, secret_key: bytes, sensitive: Collection[str],
-            level: int) -> tuple[Any, bool]:
+            level: int, found: list[Any] | None = None) -> tuple[Any, bool]:
     # Bounded recursion: at most MAX_DEPTH + 1 frames, whatever the value (a cycle too).
     if level > MAX_DEPTH:
         return TOO_DEEP_TEXT, True
@@ -277,8 +337,10 @@ def _redact(value: Any, secret_key: bytes, sensitive: Collection[str],
             if credential or (k in sensitive and isinstance(k, str)):
                 out[k] = digest(secret_key, v)
                 changed = True
+                if found is not None:
+                    found.append(v)
             elif isinstance(v, dict | list | tuple):
-                out[k], sub = _redact(v, secret_key, sensitive, level + 1)
+                out[k], sub = _redact(v, secret_key, sensitive, level + 1, found)
                 changed = changed or sub
             else:
                 out[k] = v
@@ -288,10 +350,397 @@ def _redact(value: Any, secret_key: bytes, sensitive: Collection[str],
     items: list[Any] = []
     for v in value:
         if isinstance(v, dict | list | tuple):
-            v, sub = _redact(v, secret_key, sensitive, level + 1)
+            v, sub = _redact(v, secret_key, sensitive, level + 1, found)
             changed = changed or sub
         items.append(v)
     return items, changed
+
+
+# -- secrets in text -------------------------------------------------------------------------
+#: Remembered values shorter than this are never looked for in text (the field that held
+#: one is still redacted): replacing every ``ab`` or ``7`` in a run's texts would mangle
+#: them and hide nothing worth hiding.
+MIN_REMEMBERED = 4
+#: Remembered values shorter than this are replaced only as whole words (not inside a longer
+#: run of letters and digits): a PIN ``1234`` is replaced in "pin 1234 refused", not in
+#: "order 12345". Longer values are replaced wherever they occur.
+WHOLE_WORD_BELOW = 8
+#: Remembered values longer than this are not looked for (they are still redacted where
+#: they were found); a run remembers at most ``MAX_REMEMBERED`` values (later ones are
+#: still redacted, and still caught by the patterns).
+MAX_REMEMBERED_CHARS = 65_536
+MAX_REMEMBERED = 4096
+
+#: Keys whose values text scrubbing leaves alone: opaque blobs of provider content blocks
+#: (a thinking block's ``signature``, a reasoning item's ``encrypted_content``, a
+#: ``redacted_thinking`` block's ``data``) that an adapter must send back verbatim and that
+#: hold no readable text. Credential keys are still redacted there (``redact``).
+OPAQUE_KEYS = frozenset({"signature", "encrypted_content"})
+#: Placeholder values that are not secrets (and would otherwise be replaced everywhere).
+_PLACEHOLDERS = frozenset({"true", "false", "null", "none", "nil", "undefined", "redacted",
+                           "<redacted>", "[redacted]"})
+_PLACEHOLDER_CHARS = frozenset("*xX#.-_•")
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+
+#: Text with the shape of a credential, by kind: ``(name, anchors, regex, group)``. A text
+#: is searched for the (compiled together) regexes only when it holds one of the anchors,
+#: literal parts every match contains (lower-case anchors are looked for in the lower-cased
+#: text), so most texts cost a few substring tests. ``group`` is the part replaced by its
+#: digest (``None``: the whole match). Written for this module after the shapes the
+#: detect-secrets plugins look for.
+SECRET_PATTERNS: tuple[tuple[str, tuple[str, ...], str, str | None], ...] = (
+    # PEM private keys (RSA, EC, DSA, OPENSSH, ENCRYPTED, PGP ... PRIVATE KEY [BLOCK]), also
+    # cut short (an exception message truncated in the middle of one).
+    ("pem", ("-----BEGIN",),
+     r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+     r"(?:-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----|\Z)", None),
+    # JSON Web Tokens: base64url header and payload (both JSON objects: "ey"), signature.
+    ("jwt", (".ey",), r"(?<![\w-])ey[A-Za-z0-9_-]{8,}\.ey[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*",
+     None),
+    # URL userinfo: scheme://user:password@host (DSNs too); the password is replaced, up to
+    # the authority's last "@" (passwords that hold an unescaped "@").
+    ("userinfo", ("://",),
+     r"(?<![\w+.-])[A-Za-z][A-Za-z0-9+.-]{0,30}://[^\s:/?#@\"'<>]*:"
+     r"(?P<userinfo_pw>[^\s/?#\"'<>]+)@[^\s@/?#\"'<>]*", "userinfo_pw"),
+    # HTTP authorization values: "Bearer <token>", "Basic <base64>" (after the header's
+    # name too: see _KEY_VALUE), when the value looks like a credential (_tokenish).
+    ("scheme", ("bearer", "basic", "digest"),
+     r"\b(?i:bearer|basic|digest)\s+(?P<scheme_value>[A-Za-z0-9._~+/=-]{8,})",
+     "scheme_value"),
+    # Cookie headers: every cookie in the line.
+    ("cookie", ("cookie",),
+     r"(?<![\w-])(?i:set-cookie|cookie)[ \t]*:[ \t]*(?P<cookie_value>[^\r\n]+)",
+     "cookie_value"),
+    # Well-known API-key prefixes.
+    ("anthropic", ("sk-ant-",), r"(?<![\w-])sk-ant-[A-Za-z0-9_-]{16,}", None),
+    ("openai", ("sk-",), r"(?<![\w-])sk-(?:proj-|svcacct-|admin-)?[A-Za-z0-9_-]{20,}", None),
+    ("stripe", ("k_live_", "k_test_"), r"(?<![\w-])(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
+     None),
+    ("github", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+     r"(?<![\w-])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})", None),
+    ("gitlab", ("glpat-",), r"(?<![\w-])glpat-[A-Za-z0-9_-]{20,}", None),
+    ("slack", ("xox", "xapp-", "hooks.slack.com"),
+     r"(?<![\w-])(?:xox[abposre]-[A-Za-z0-9-]{10,}|xapp-[0-9]-[A-Za-z0-9-]{10,})"
+     r"|https://hooks\.slack\.com/services/[A-Za-z0-9_/]{20,}", None),
+    ("aws", ("AKIA", "ASIA", "ABIA", "ACCA"),
+     r"(?<![A-Z0-9])(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Z0-9])", None),
+    ("google", ("AIza", "ya29.", "GOCSPX-"),
+     r"(?<![\w-])(?:AIza[A-Za-z0-9_-]{30,}|ya29\.[A-Za-z0-9_-]{20,}|GOCSPX-[A-Za-z0-9_-]{20,})",
+     None),
+    ("huggingface", ("hf_",), r"(?<![\w-])hf_[A-Za-z0-9]{30,}", None),
+    ("npm_pypi", ("npm_", "pypi-"), r"(?<![\w-])(?:npm_[A-Za-z0-9]{36}|pypi-[A-Za-z0-9_-]{50,})",
+     None),
+    ("sendgrid", ("SG.",), r"(?<![\w-])SG\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}", None),
+    ("twilio", ("SK",), r"(?<![\w-])SK[0-9a-fA-F]{32}(?![\w-])", None),
+    ("groq_xai", ("gsk_", "xai-", "pplx-", "r8_"),
+     r"(?<![\w-])(?:gsk_[A-Za-z0-9]{40,}|xai-[A-Za-z0-9]{40,}|pplx-[A-Za-z0-9]{40,}"
+     r"|r8_[A-Za-z0-9]{30,})", None),
+    ("vault", ("hvs.", "hvb.", "hvr."), r"(?<![\w-])hv[sbr]\.[A-Za-z0-9_-]{20,}", None),
+)
+_SECRET_RE = re.compile("|".join(f"(?P<{name}>{regex})"
+                                 for name, _, regex, _ in SECRET_PATTERNS))
+_SECRET_GROUP = {name: group for name, _, _, group in SECRET_PATTERNS}
+_ANCHORS = tuple(dict.fromkeys(a for _, anchors, _, _ in SECRET_PATTERNS for a in anchors
+                               if a.lower() != a))
+_ANCHORS_LOWER = tuple(dict.fromkeys(a for _, anchors, _, _ in SECRET_PATTERNS
+                                     for a in anchors if a.lower() == a))
+
+#: ``key=value`` and ``key: value`` (also quoted: ``"password": "..."``, ``password='...'``,
+#: query strings ``?api_key=...&token=...``, DSNs ``password=... host=...``, headers
+#: ``Authorization: Bearer ...``) where the key names a credential (``is_credential``): the
+#: value is replaced (after an authorization scheme word, the value that follows it). Only
+#: texts that hold ``=`` or ``:`` and one of ``_KEY_FRAGMENTS`` (lower-cased) are searched.
+_KEY_VALUE = re.compile(
+    r"""(?P<key>(?<![\w.-])[A-Za-z_][\w.-]{0,63})(?P<q>["']?)[ \t]{0,4}[=:](?!//)[ \t]{0,4}"""
+    r"""(?:"(?P<dq>[^"\r\n]*)"|'(?P<sq>[^'\r\n]*)'"""
+    r"""|(?P<scheme>(?i:bearer|basic|digest|token|bot|negotiate)[ \t]+)?"""
+    r"""(?P<plain>[^\s&;,'"<>(){}\[\]]+))""")
+#: Parts of every credential word and pair (``CREDENTIAL_WORDS``, ``CREDENTIAL_PAIRS``).
+_KEY_FRAGMENTS = ("pass", "pwd", "pin", "otp", "cvv", "cvc", "token", "jwt", "bearer",
+                  "secret", "auth", "cred", "cookie", "key", "sess")
+
+
+def _tokenish(text: str) -> bool:
+    """True when an authorization value looks like a credential, not a word of prose
+    ("Basic authentication"): a digit or a symbol in it, or mixed case past its first
+    letter."""
+    if any(c.isdigit() or c in "._~+/=-" for c in text):
+        return True
+    rest = text[1:]
+    return any(c.isupper() for c in rest) and any(c.islower() for c in rest)
+
+
+def _placeholder(text: str) -> bool:
+    return text.lower() in _PLACEHOLDERS or _PLACEHOLDER_CHARS.issuperset(text) \
+        or text.startswith(PREFIX) or text in PREFIX
+
+
+class Scrubber:
+    """One run's secret scrubber (pure: no I/O). It redacts structured values
+    (``redact``), remembers every clear value it redacted, and replaces later occurrences
+    of those values in any text (``text``, ``value``, ``struct``) with their keyed digests
+    (the same ``hmac-sha256:...`` a field holding the value gets), then redacts text with
+    the shape of a credential (``SECRET_PATTERNS``, and values of keys that name
+    credentials in ``key=value`` text).
+
+    Remembered values shorter than ``MIN_REMEMBERED`` characters are not looked for; those
+    shorter than ``WHOLE_WORD_BELOW`` only as whole words; placeholders (``None``,
+    ``****``) never. Secrets found by the patterns are remembered too. Scrubbing is
+    idempotent: digests are never scrubbed again.
+    """
+
+    __slots__ = ("_digests", "_key", "_pattern", "_stale")
+
+    def __init__(self, secret_key: bytes) -> None:
+        self._key = secret_key
+        self._digests: dict[str, str] = {}
+        self._pattern: re.Pattern[str] | None = None
+        self._stale = False
+
+    # -- remembering -------------------------------------------------------------------
+    def remember(self, value: Any) -> None:
+        """Remember the text of ``value`` (a string or number, or every one nested in a
+        container) as a secret of this run."""
+        stack: list[tuple[Any, int]] = [(value, 1)]
+        while stack:
+            item, level = stack.pop()
+            if isinstance(item, str):
+                self._remember(item, item)
+                stripped = item.strip()
+                if stripped != item:
+                    self._remember(stripped, item)
+            elif isinstance(item, int | float) and not isinstance(item, bool):
+                self._remember(str(item), item)
+            elif isinstance(item, dict | list | tuple) and level <= MAX_DEPTH:
+                stack.extend((v, level + 1) for v in _items(item))
+
+    def _remember(self, text: str, value: Any) -> None:
+        if not MIN_REMEMBERED <= len(text) <= MAX_REMEMBERED_CHARS or text in self._digests \
+                or len(self._digests) >= MAX_REMEMBERED or _placeholder(text):
+            return
+        self._digests[text] = digest(self._key, value)
+        self._stale = True
+
+    @property
+    def remembered(self) -> int:
+        """How many texts this run remembers."""
+        return len(self._digests)
+
+    def _compiled(self) -> re.Pattern[str] | None:
+        if self._stale:
+            parts = []
+            for text in sorted(self._digests, key=len, reverse=True):
+                part = re.escape(text)
+                if len(text) < WHOLE_WORD_BELOW:
+                    if text[0] in _ALNUM:
+                        part = "(?<![0-9A-Za-z])" + part
+                    if text[-1] in _ALNUM:
+                        part += "(?![0-9A-Za-z])"
+                parts.append(part)
+            self._pattern = re.compile("|".join(parts)) if parts else None
+            self._stale = False
+        return self._pattern
+
+    # -- scrubbing ---------------------------------------------------------------------
+    def text(self, text: str) -> str:
+        """``text`` with every remembered value and every credential-shaped part replaced by
+        its digest (the same object when nothing was replaced)."""
+        known = self._digests
+        if known:
+            hit = len(known) > 32
+            if not hit:
+                for value in known:
+                    if value in text:
+                        hit = True
+                        break
+            pattern = self._compiled() if hit else None
+            if pattern is not None:
+                out, found = pattern.subn(self._known, text)
+                if found:
+                    text = out
+        lower: str | None = None
+        for anchor in _ANCHORS:
+            if anchor in text:
+                break
+        else:
+            lower = text.lower()
+            for anchor in _ANCHORS_LOWER:
+                if anchor in lower:
+                    break
+            else:
+                anchor = ""
+        if anchor:
+            out, found = _SECRET_RE.subn(self._shaped, text)
+            if found:
+                text, lower = out, None
+        if "=" in text or ":" in text:
+            if lower is None:
+                lower = text.lower()
+            for fragment in _KEY_FRAGMENTS:
+                if fragment in lower:
+                    return self._key_values(text)
+        return text
+
+    def _known(self, m: re.Match[str]) -> str:
+        return self._digests[m.group()]
+
+    def _replace(self, m: re.Match[str], group: str | int) -> str:
+        secret = m.group(group)
+        start, end = m.span(group)
+        if not secret or _placeholder(secret) or m.string.startswith(PREFIX, start):
+            return m.group()
+        self._remember(secret, secret)
+        base = m.start()
+        whole = m.group()
+        return whole[:start - base] + digest(self._key, secret) + whole[end - base:]
+
+    def _shaped(self, m: re.Match[str]) -> str:
+        name = m.lastgroup or ""
+        group = _SECRET_GROUP.get(name)
+        if name == "scheme" and not _tokenish(m.group("scheme_value")):
+            return m.group()
+        return self._replace(m, group if group is not None else name)
+
+    def _key_values(self, text: str) -> str:
+        """``_KEY_VALUE`` replacements, by hand: after a key that names no credential the
+        search goes on right after that key, so ``Error: password=...`` is found."""
+        parts: list[str] = []
+        pos = done = 0
+        search = _KEY_VALUE.search
+        while (m := search(text, pos)) is not None:
+            if not is_credential(m.group("key")):
+                pos = m.end("key")
+                continue
+            group = next(g for g in ("dq", "sq", "plain") if m.group(g) is not None)
+            parts.append(text[done:m.start()])
+            parts.append(self._replace(m, group))
+            pos = done = m.end()
+        if not parts:
+            return text
+        parts.append(text[done:])
+        return "".join(parts)
+
+    def value(self, value: Any) -> tuple[Any, bool]:
+        """A JSON-like value with every text in it scrubbed (dict keys are kept), and
+        whether anything changed; unchanged containers are not copied."""
+        return self._value(value, 1)
+
+    def _value(self, value: Any, level: int) -> tuple[Any, bool]:
+        if isinstance(value, str):
+            out = self.text(value)
+            return out, out is not value and out != value
+        if level > MAX_DEPTH:
+            return value, False
+        if isinstance(value, dict):
+            new: dict[Any, Any] | None = None
+            opaque = OPAQUE_KEYS if value.get("type") != "redacted_thinking" \
+                else OPAQUE_KEYS | {"data"}
+            for k, v in value.items():
+                if (type(v) in _SCALARS and type(v) is not str) or k in opaque:
+                    continue
+                got, changed = self._value(v, level + 1)
+                if changed:
+                    if new is None:
+                        new = dict(value)
+                    new[k] = got
+            return (value, False) if new is None else (new, True)
+        if isinstance(value, list | tuple):
+            items: list[Any] | None = None
+            for i, v in enumerate(value):
+                if type(v) in _SCALARS and type(v) is not str:
+                    continue
+                got, changed = self._value(v, level + 1)
+                if changed:
+                    if items is None:
+                        items = list(value)
+                    items[i] = got
+            return (value, False) if items is None else (items, True)
+        if isinstance(value, msgspec.Struct):
+            return self._struct(value, _no_fields, level)
+        return value, False
+
+    def struct(self, obj: Any, keep: Callable[[type], Collection[str]]) -> tuple[Any, bool]:
+        """A msgspec Struct (an event, a message) with every text in its fields scrubbed,
+        except the fields ``keep(type)`` names (ids, names, categories the fold matches on),
+        at any depth; and whether anything changed."""
+        return self._struct(obj, keep, 1)
+
+    def _struct(self, obj: Any, keep: Callable[[type], Collection[str]],
+                level: int) -> tuple[Any, bool]:
+        if level > MAX_DEPTH:
+            return obj, False
+        changes: dict[str, Any] = {}
+        for name in _text_fields(type(obj), keep):
+            v = getattr(obj, name)
+            if v is None or type(v) in (int, float, bool):
+                continue
+            if isinstance(v, msgspec.Struct):
+                got, changed = self._struct(v, keep, level + 1)
+            elif isinstance(v, list) and v and isinstance(v[0], msgspec.Struct):
+                got, changed = v, False
+                for i, item in enumerate(v):
+                    new_item, item_changed = self._struct(item, keep, level + 1) \
+                        if isinstance(item, msgspec.Struct) else self._value(item, level + 1)
+                    if item_changed:
+                        if not changed:
+                            got, changed = list(v), True
+                        got[i] = new_item
+            else:
+                got, changed = self._value(v, level + 1)
+            if changed:
+                changes[name] = got
+        if not changes:
+            return obj, False
+        return msgspec.structs.replace(obj, **changes), True
+
+    def redact(self, value: Any, sensitive: Collection[str] = ()) -> tuple[Any, bool]:
+        """``redact`` under this run's key, remembering the values it replaced, then the
+        texts left in the value scrubbed; and whether anything changed."""
+        found: list[Any] = []
+        out, changed = redact(value, self._key, sensitive, found)
+        for v in found:
+            self.remember(v)
+        out, scrubbed = self.value(out)
+        return out, changed or scrubbed
+
+
+def _no_fields(cls: type) -> Collection[str]:
+    return ()
+
+
+_NUMBERS = (int, float, bool, type(None))
+#: The fields ``Scrubber.struct`` walks, by (Struct type, keep): every field but those kept
+#: and those that can only hold numbers (computed once per type; bounded).
+_WALKED: dict[tuple[type, Any], tuple[str, ...]] = {}
+
+
+def _text_fields(cls: type, keep: Callable[[type], Collection[str]]) -> tuple[str, ...]:
+    found = _WALKED.get((cls, keep))
+    if found is None:
+        kept = keep(cls)
+        try:
+            infos = msgspec.structs.fields(cls)
+        except Exception:  # noqa: BLE001 - unresolvable annotations: walk every field
+            names = [n for n in getattr(cls, "__struct_fields__", ()) if n not in kept]
+        else:
+            names = [f.name for f in infos if f.name not in kept
+                     and not all(t in _NUMBERS for t in (typing.get_args(f.type) or (f.type,)))]
+        found = tuple(names)
+        if len(_WALKED) < 1024:
+            _WALKED[(cls, keep)] = found
+    return found
+
+
+#: Fields of boundloop's events and messages that ``Scrubber.struct`` leaves alone when
+#: scrubbing what a run journals: ids, names and categories the fold and the replay check
+#: match on (a remembered value that happens to equal a tool's name must not rename the
+#: tool), and structs of numbers. Every other text field is scrubbed.
+KEPT_FIELDS = frozenset({
+    "run_id", "execution_id", "idempotency_key", "call_id", "id", "name", "tool", "tools",
+    "decision", "status", "outcome", "owner", "by", "parent_run_id", "parent_execution_id",
+    "child_run_id", "digest", "error_category", "exhausted_limit", "budget", "usage",
+    "reservation",
+})
 
 
 # -- storability --------------------------------------------------------------------------

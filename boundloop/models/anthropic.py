@@ -1,0 +1,449 @@
+"""AnthropicModel: a boundloop model callable on the Anthropic Messages API (SPEC 13).
+
+Extra ``boundloop[anthropic]`` (the official ``anthropic`` SDK)::
+
+    import anthropic
+    from boundloop.models.anthropic import AnthropicModel
+
+    model = AnthropicModel(anthropic.Anthropic(), "claude-sonnet-4-5", max_tokens=1024)
+    runner.run(model=model, tools=[...], prompt="...")
+
+With an ``anthropic.AsyncAnthropic`` client the adapter is an ``AsyncAnthropicModel``
+(a subclass with an ``async def __call__``): ``runner.arun`` runs it on the caller's loop.
+
+What it sends, each step:
+
+* ``messages`` rebuilt from the history: user and notice texts as user text blocks (adjacent
+  ones merged, so roles alternate); an earlier final answer as an assistant text turn; one
+  assistant message per model step holding the step's blocks (the provider ``content`` the
+  adapter stored on that step: thinking and redacted_thinking blocks with their signatures,
+  text, server-tool blocks, verbatim and in order), and a ``tool_use`` block for every call
+  of the step, then ONE user message with a ``tool_result`` for each call, paired by
+  ``tool_use_id`` (``is_error: true`` for every status but ``ok``, the status named in the
+  text; a result that is not a string is sent as JSON; a call without a recorded result is
+  sent as an error result saying so). A tool_use block's ``name`` and ``input`` always come
+  from the history's call message, so arguments are never duplicated in ``content`` (they
+  are journaled once, redacted by the runner).
+* ``tools`` as ``{"name", "description", "input_schema"}``: ``$ref`` inlined, root an object.
+  A tool name outside ``^[a-zA-Z0-9_-]{1,64}$`` is sent as a stable stand-in
+  (``web.search`` → ``web_search_<digest>``) and mapped back in the response.
+* On a step where ``ctx.tools_allowed`` is False: the same ``tools`` (the API requires tool
+  definitions when the messages hold tool_use blocks, and a cached prefix stays valid) with
+  ``tool_choice={"type": "none"}``, so the model cannot call one.
+* A per-request ``timeout`` of the time left before ``ctx.deadline``, on a copy of the client
+  with ``max_retries=0`` (the SDK's own retries would not respect the deadline).
+* With ``cache=True``: ``cache_control={"type": "ephemeral"}`` on the system prompt's last
+  block, the last tool, and the last content block of the last user message.
+
+What it returns: ``end_turn``/``stop_sequence`` → ``bl.Final`` (text blocks joined);
+``tool_use`` → ``bl.CallTools`` with the step's text and its full content blocks as
+``content``; ``max_tokens``, ``refusal``, ``pause_turn``, ``model_context_window_exceeded``
+(and any other stop reason) → ``bl.Malformed`` naming it. Tool input that is not an
+object (a string from a proxy or a streaming accumulator) is decoded if it is JSON, else
+passed on as the raw string (the runner reports the call's arguments malformed). Usage maps
+``input_tokens``, ``output_tokens``, ``cache_creation_input_tokens`` (→ cache_write) and
+``cache_read_input_tokens`` (→ cache_read), priced by ``price``.
+
+Errors: timeouts, connection errors, 408/409/429 and 5xx (529 overloaded included) raise (the
+step ends ``model_error``) unless ``retry`` is given, in which case they are retried within
+the step after ``Retry-After``/``retry-after-ms`` (else the policy's backoff), never past
+``ctx.deadline``. Other API errors (400, 401, ...) always raise.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+from boundloop.context import ModelContext
+from boundloop.errors import ConfigError
+from boundloop.messages import CallTools, Final, Malformed, ToolCall
+from boundloop.models._common import (
+    AssistantText,
+    OrphanResult,
+    ToolNames,
+    ToolStep,
+    UserTurn,
+    acall_with_retry,
+    call_with_retry,
+    group_history,
+    make_usage,
+    malformed,
+    parse_arguments,
+    provider_schema,
+    require_sdk,
+    result_text,
+    status_of,
+    transient_status,
+)
+from boundloop.policy.budget import Price, Usage
+from boundloop.tools import RetryPolicy
+
+__all__ = ["AnthropicModel", "AsyncAnthropicModel"]
+
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+#: Arguments of ``messages.create`` the adapter sets itself (refused in ``**extra``).
+_RESERVED = frozenset({"messages", "model", "max_tokens", "system", "stream", "timeout"})
+#: Stop reasons that end a turn without a usable answer, and what the reason says.
+_STOPS = {
+    "max_tokens": "the model reached its output limit (max_tokens={max_tokens}) before it "
+                  "finished its turn (stop reason `max_tokens`)",
+    "refusal": "the model refused to answer (stop reason `refusal`{detail})",
+    "pause_turn": "the provider paused a long-running turn (stop reason `pause_turn`), and "
+                  "the adapter does not continue paused turns",
+    "model_context_window_exceeded": "the conversation no longer fits the model's context "
+                                     "window (stop reason `model_context_window_exceeded`)",
+}
+
+
+def _sdk() -> Any:
+    return require_sdk("anthropic", "anthropic", what="AnthropicModel")
+
+
+def _is_async_client(sdk: Any, client: Any) -> bool:
+    if isinstance(client, sdk.AsyncAnthropic):
+        return True
+    create = getattr(getattr(client, "messages", None), "create", None)
+    return inspect.iscoroutinefunction(create)
+
+
+class AnthropicModel:
+    """A model callable ``model(history, ctx)`` on the Anthropic Messages API.
+
+    Args:
+        client: an ``anthropic.Anthropic`` (sync model) or ``anthropic.AsyncAnthropic``
+            (the constructor then returns an :class:`AsyncAnthropicModel`).
+        model: the model name, e.g. ``"claude-sonnet-4-5"``.
+        max_tokens: the output maximum of each request; also ``max_output_tokens``, the
+            output part of each step's budget reservation.
+        system: the system prompt, a string or a list of text blocks.
+        price: a ``bl.Price`` to compute each step's cost from its usage.
+        retry: a ``bl.RetryPolicy`` for transient provider errors (see the module doc);
+            None: they end the step as a model error.
+        cache: mark the system prompt, the last tool and the last user block for prompt
+            caching.
+        **extra: more arguments of ``messages.create`` (``temperature``, ``thinking``,
+            ``metadata``, ``stop_sequences``, ``extra_headers``, ...). ``tools`` given here
+            (e.g. server tools) are sent after the runner's; ``tool_choice`` is used on
+            steps where tools are allowed.
+
+    Raises:
+        ConfigError: the ``anthropic`` SDK is not installed (extra ``boundloop[anthropic]``),
+            or an argument is invalid.
+    """
+
+    max_output_tokens: int
+
+    def __new__(cls, client: Any, *args: Any, **kwargs: Any) -> AnthropicModel:
+        sdk = _sdk()
+        if cls is AnthropicModel and _is_async_client(sdk, client):
+            return object.__new__(AsyncAnthropicModel)
+        return object.__new__(cls)
+
+    def __init__(self, client: Any, model: str, max_tokens: int = 1024,
+                 system: str | list[dict[str, Any]] | None = None, price: Price | None = None,
+                 retry: RetryPolicy | None = None, cache: bool = False,
+                 **extra: Any) -> None:
+        self._anthropic = _sdk()
+        if not isinstance(model, str) or not model:
+            raise ConfigError(f"AnthropicModel: model must be a model name, got {model!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ConfigError(f"AnthropicModel: max_tokens must be a whole number of at "
+                              f"least 1, got {max_tokens!r}")
+        if system is not None and not isinstance(system, str) and not (
+                isinstance(system, list) and all(isinstance(b, Mapping) for b in system)):
+            raise ConfigError("AnthropicModel: system must be a string or a list of text "
+                              f"blocks (dicts), got {type(system).__name__}")
+        if price is not None and not isinstance(price, Price):
+            raise ConfigError(f"AnthropicModel: price must be a bl.Price, got "
+                              f"{type(price).__name__}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigError(f"AnthropicModel: retry must be a bl.RetryPolicy, got "
+                              f"{type(retry).__name__}")
+        reserved = sorted(_RESERVED.intersection(extra))
+        if reserved:
+            raise ConfigError(f"AnthropicModel: `{reserved[0]}` is set by the adapter and "
+                              "cannot be given as an extra argument")
+        if "tools" in extra and not isinstance(extra["tools"], list):
+            raise ConfigError("AnthropicModel: extra `tools` must be a list of tool dicts")
+        self.client = client
+        # The SDK's own retries would not know the run's deadline: the adapter retries.
+        with_options = getattr(client, "with_options", None)
+        self._client = with_options(max_retries=0) if callable(with_options) else client
+        self.model = model
+        self.max_tokens = max_tokens
+        self.max_output_tokens = max_tokens
+        self.system = system
+        self.price = price
+        self.retry = retry
+        self.cache = bool(cache)
+        self.extra = dict(extra)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(model={self.model!r}, max_tokens={self.max_tokens})"
+
+    # --- the call ----------------------------------------------------------------------
+
+    def __call__(self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:
+        kwargs, names = self.request(history, ctx)
+        create = self._client.messages.create
+
+        def send(timeout: float | None) -> Any:
+            return create(**kwargs) if timeout is None else create(**kwargs, timeout=timeout)
+
+        message = call_with_retry(send, retry=self.retry, deadline=ctx.deadline,
+                                  transient=self.transient, cancel=ctx.cancel)
+        return self.response(message, names)
+
+    def transient(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a provider error worth retrying: a timeout or connection
+        error, or an API status of 408, 409, 429 or 5xx (529, overloaded, included)."""
+        sdk = self._anthropic
+        if isinstance(exc, sdk.APIConnectionError):
+            return True
+        return isinstance(exc, sdk.APIStatusError) and transient_status(status_of(exc))
+
+    # --- the request -------------------------------------------------------------------
+
+    def request(self, history: list[Any], ctx: ModelContext) -> tuple[dict[str, Any], ToolNames]:
+        """The keyword arguments of ``messages.create`` for this step (without ``timeout``),
+        and the tool-name mapping used to read the response."""
+        names = ToolNames([str(t.get("name", "")) for t in ctx.tools])
+        kwargs: dict[str, Any] = {k: v for k, v in self.extra.items()
+                                  if k not in ("tools", "tool_choice")}
+        kwargs["model"] = self.model
+        kwargs["max_tokens"] = self.max_tokens
+        system = self._system()
+        if system is not None:
+            kwargs["system"] = system
+        tools = [self._tool(t, names) for t in ctx.tools]
+        tools += [dict(t) for t in self.extra.get("tools") or ()]
+        if tools:
+            if self.cache:
+                tools[-1] = {**tools[-1], "cache_control": dict(EPHEMERAL)}
+            kwargs["tools"] = tools
+            if not ctx.tools_allowed:
+                kwargs["tool_choice"] = {"type": "none"}
+            elif "tool_choice" in self.extra:
+                kwargs["tool_choice"] = self.extra["tool_choice"]
+        messages = messages_from_history(history, names)
+        if self.cache:
+            _mark_last_user_block(messages)
+        kwargs["messages"] = messages
+        return kwargs, names
+
+    def _system(self) -> str | list[dict[str, Any]] | None:
+        if self.system is None:
+            return None
+        if isinstance(self.system, str):
+            if not self.cache:
+                return self.system
+            return [{"type": "text", "text": self.system, "cache_control": dict(EPHEMERAL)}]
+        blocks = [dict(b) for b in self.system]
+        if self.cache and blocks:
+            blocks[-1]["cache_control"] = dict(EPHEMERAL)
+        return blocks
+
+    @staticmethod
+    def _tool(spec: Mapping[str, Any], names: ToolNames) -> dict[str, Any]:
+        name = str(spec.get("name", ""))
+        tool: dict[str, Any] = {"name": names.to_provider(name)}
+        description = spec.get("description")
+        if description:
+            tool["description"] = str(description)
+        tool["input_schema"] = provider_schema(spec.get("parameters"), tool=name)
+        return tool
+
+    # --- the response ------------------------------------------------------------------
+
+    def response(self, message: Any, names: ToolNames) -> CallTools | Final | Malformed:
+        """The boundloop response for an ``anthropic.types.Message``."""
+        usage = self.usage(getattr(message, "usage", None))
+        blocks = list(getattr(message, "content", None) or [])
+        stop = getattr(message, "stop_reason", None)
+        text = "".join(str(getattr(b, "text", "") or "") for b in blocks
+                       if getattr(b, "type", None) == "text")
+        uses = [b for b in blocks if getattr(b, "type", None) == "tool_use"]
+        if stop in ("end_turn", "stop_sequence", "tool_use") and uses:
+            calls = [ToolCall(str(b.id), names.from_provider(str(b.name)),
+                              _arguments(getattr(b, "input", None))) for b in uses]
+            return CallTools(calls, usage=usage, text=text or None,
+                             content=[_stored_block(b) for b in blocks])
+        if stop in ("end_turn", "stop_sequence"):
+            return Final(text, usage=usage)
+        if stop == "tool_use":
+            return malformed("the model stopped to use a tool (stop reason `tool_use`) but "
+                             "its response holds no tool_use block", usage)
+        return malformed(self._stop_reason(message, stop), usage)
+
+    def _stop_reason(self, message: Any, stop: Any) -> str:
+        template = _STOPS.get(stop) if isinstance(stop, str) else None
+        if template is None:
+            shown = f"`{stop[:40]}`" if isinstance(stop, str) else "none"
+            return (f"the provider ended the turn with stop reason {shown}, which gives "
+                    "neither a final answer nor tool calls")
+        category = getattr(getattr(message, "stop_details", None), "category", None)
+        detail = f", category `{category}`" if isinstance(category, str) else ""
+        return template.format(max_tokens=self.max_tokens, detail=detail)
+
+    def usage(self, reported: Any) -> Usage | None:
+        """A bl.Usage for the Messages API's ``usage`` object (None when there is none)."""
+        if reported is None:
+            return None
+        return make_usage(getattr(reported, "input_tokens", 0),
+                          getattr(reported, "output_tokens", 0),
+                          getattr(reported, "cache_creation_input_tokens", 0),
+                          getattr(reported, "cache_read_input_tokens", 0), price=self.price)
+
+
+class AsyncAnthropicModel(AnthropicModel):
+    """:class:`AnthropicModel` on an ``anthropic.AsyncAnthropic`` client: an ``async def``
+    model callable (``AnthropicModel(async_client, ...)`` returns one)."""
+
+    async def __call__(  # type: ignore[override]
+            self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:
+        kwargs, names = self.request(history, ctx)
+        create = self._client.messages.create
+
+        async def send(timeout: float | None) -> Any:
+            if timeout is None:
+                return await create(**kwargs)
+            return await create(**kwargs, timeout=timeout)
+
+        message = await acall_with_retry(send, retry=self.retry, deadline=ctx.deadline,
+                                         transient=self.transient, cancel=ctx.cancel)
+        return self.response(message, names)
+
+
+# --- conversions (module level, so tests can call them directly) ---------------------------
+
+def _arguments(raw: Any) -> Any:
+    """A tool_use block's ``input`` as call arguments: an object as it is; JSON text
+    decoded; anything else (text that is not JSON) as it is, for the runner to report."""
+    if isinstance(raw, dict):
+        return raw
+    return parse_arguments(raw) if isinstance(raw, str) else raw
+
+
+def _stored_block(block: Any) -> Any:
+    """A response content block as a plain dict to store in ``CallTools.content``; a
+    tool_use block keeps only its ``type``, ``id`` (and ``caller``): its name and input are
+    the call's, filled in from the history when the turn is sent back."""
+    if getattr(block, "type", None) == "tool_use":
+        stored: dict[str, Any] = {"type": "tool_use", "id": str(block.id)}
+        caller = getattr(block, "caller", None)
+        if caller is not None:
+            stored["caller"] = _plain(caller)
+        return stored
+    return _plain(block)
+
+
+def _plain(value: Any) -> Any:
+    """An SDK model as the JSON-like dict the API sent (None fields left out)."""
+    to_dict = getattr(value, "to_dict", None)
+    return to_dict(mode="json", exclude_none=True, warnings=False) if callable(to_dict) \
+        else value
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _tool_use(call: Any, names: ToolNames, base: Mapping[str, Any] | None = None
+              ) -> dict[str, Any]:
+    block = dict(base or {})
+    block.update(type="tool_use", id=str(_field(call, "id")),
+                 name=names.to_provider(str(_field(call, "name"))),
+                 input=copy.deepcopy(_field(call, "arguments")))
+    return block
+
+
+def _field(message: Any, name: str) -> Any:
+    return message.get(name) if isinstance(message, Mapping) else getattr(message, name, None)
+
+
+def assistant_blocks(step: ToolStep, names: ToolNames) -> list[dict[str, Any]]:
+    """The content of a step's assistant message: the step's stored ``content`` blocks in
+    order (tool_use placeholders filled from the step's calls; empty text blocks and
+    tool_use blocks of calls not in the history left out), else its ``text``; then a
+    tool_use block for every call the content did not hold."""
+    by_id = {str(_field(c, "id")): c for c in step.calls}
+    placed: set[str] = set()
+    blocks: list[dict[str, Any]] = []
+    if isinstance(step.content, list):
+        for block in step.content:
+            if not isinstance(block, Mapping):
+                continue
+            kind = block.get("type")
+            if kind == "tool_use":
+                cid = str(block.get("id"))
+                if cid in by_id and cid not in placed:
+                    blocks.append(_tool_use(by_id[cid], names, block))
+                    placed.add(cid)
+            elif kind == "text" and not block.get("text"):
+                continue
+            else:
+                blocks.append(copy.deepcopy(dict(block)))
+    elif step.text:
+        blocks.append(_text_block(step.text))
+    blocks += [_tool_use(c, names) for cid, c in by_id.items() if cid not in placed]
+    return blocks
+
+
+def tool_result_block(call_id: str, result: Any) -> dict[str, Any]:
+    """The ``tool_result`` block answering ``call_id`` with a ``tool_result`` message
+    (None: no result was recorded, sent as an error)."""
+    if result is None:
+        return {"type": "tool_result", "tool_use_id": call_id, "is_error": True,
+                "content": "no result was recorded for this call"}
+    status = str(_field(result, "status") or "error")
+    text = result_text(_field(result, "content"))
+    block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
+    if status == "ok":
+        block["content"] = text
+    else:
+        block["is_error"] = True
+        block["content"] = f"{status}: {text}" if text else status
+    return block
+
+
+def messages_from_history(history: list[Any], names: ToolNames | None = None
+                          ) -> list[dict[str, Any]]:
+    """The Messages API ``messages`` for a boundloop history (see the module doc)."""
+    names = names or ToolNames([])
+    messages: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].extend(blocks)
+        else:
+            messages.append({"role": role, "content": blocks})
+
+    for turn in group_history(history):
+        if isinstance(turn, UserTurn):
+            add("user", [_text_block(turn.text)] if turn.text else [])
+        elif isinstance(turn, AssistantText):
+            add("assistant", [_text_block(turn.text)] if turn.text else [])
+        elif isinstance(turn, ToolStep):
+            blocks = assistant_blocks(turn, names)
+            add("assistant", blocks)
+            ids = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+            add("user", [tool_result_block(cid, turn.results.get(cid)) for cid in ids])
+        elif isinstance(turn, OrphanResult):
+            result = turn.result
+            add("user", [_text_block(
+                f"(result of call {_field(result, 'id')}, {_field(result, 'status')}): "
+                f"{result_text(_field(result, 'content'))}")])
+    return messages
+
+
+def _mark_last_user_block(messages: list[dict[str, Any]]) -> None:
+    for message in reversed(messages):
+        if message["role"] == "user" and message["content"]:
+            message["content"][-1] = {**message["content"][-1],
+                                      "cache_control": dict(EPHEMERAL)}
+            return
