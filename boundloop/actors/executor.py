@@ -21,7 +21,7 @@ import msgspec
 import pykka
 
 from boundloop.actors.messages import DispatchBatch
-from boundloop.actors.workers import NotStarted, Workers, tell
+from boundloop.actors.workers import NotStarted, Workers, outcome, tell
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
 from boundloop.policy import decide
 from boundloop.policy.safe_text import describe_exception
@@ -124,8 +124,7 @@ class ExecutorActor(pykka.ThreadingActor):
         me = self.actor_ref
 
         def done(f: Future[Any]) -> None:
-            exc = f.exception()
-            tell(me, make(None if exc is not None else f.result(), exc))
+            tell(me, make(*outcome(f)))
 
         future.add_done_callback(done)
 
@@ -170,8 +169,7 @@ class ExecutorActor(pykka.ThreadingActor):
                     workers.compensate(future)
                 reply(took, None)
 
-        future.add_done_callback(lambda f: answer(reconcile_result(
-            None if f.exception() else f.result(), f.exception())))
+        future.add_done_callback(lambda f: answer(reconcile_result(*outcome(f))))
         # A reconcile that hangs cannot tell: after the tool's timeout it is unknown.
         self.workers.timer.after(p.tool.timeout_s or 60.0,
                                  lambda: answer((None, None), late=True))

@@ -26,7 +26,7 @@ import pykka
 from boundloop import events as ev
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
-from boundloop.actors.workers import Workers, tell
+from boundloop.actors.workers import Workers, outcome, tell
 from boundloop.errors import JournalUnavailable, LeaseLost
 from boundloop.journal.base import Fence, Journal
 from boundloop.loop import (
@@ -259,10 +259,9 @@ class SupervisorActor(pykka.ThreadingActor):
         run.call = call
 
         def returned(f: Future[Any]) -> None:
-            exc = f.exception()
+            value, exc = outcome(f)
             latency = time.perf_counter() - call.started if call.started else 0.0
-            reply = ModelReply(None, exc, latency) if exc is not None else \
-                ModelReply(f.result(), None, latency)
+            reply = ModelReply(value, exc, latency)
             tell(me, _UserReturned(run_id, token, reply))
 
         future.add_done_callback(returned)

@@ -329,6 +329,15 @@ class Workers:
         self.tool_pool.shutdown()
 
 
+def outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:
+    """A done future's (value, None) or (None, exception); never raises, even for a future
+    cancelled when the runner closed (its call is over as far as anyone waits for it)."""
+    if future.cancelled():
+        return None, NotStarted("the call was cancelled (the runner is closing)")
+    exc = future.exception()
+    return (None, exc) if exc is not None else (future.result(), None)
+
+
 def _failed(exc: BaseException) -> Future[Any]:
     future: Future[Any] = Future()
     future.set_exception(exc)
