@@ -63,11 +63,12 @@ from boundloop.policy.budget import Budget, Price, Remaining, Usage
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
 from boundloop.results import CompletedAction, RecoveredRun, RunResult, UnresolvedAction
 from boundloop.runner import Runner
+from boundloop.telemetry import Telemetry
 from boundloop.tools import RetryPolicy, Tool, ToolContext, tool
 
 __all__ = [
     # running
-    "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken",
+    "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken", "Telemetry",
     # recovery
     "RecoveredRun",
     # budgets and metering

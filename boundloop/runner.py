@@ -46,6 +46,7 @@ from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
 from boundloop.policy.redact import storable
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
+from boundloop.telemetry import Telemetry
 from boundloop.tools import Tool
 
 
@@ -123,6 +124,8 @@ class Runner:
         sync: fsync every journal commit (ignored when a Journal is given).
         clock: the clock (a FakeClock in tests of time).
         lease_s: how long this runner's ownership of its runs lasts without renewal.
+        telemetry: spans and metrics of SPEC 11 through the OpenTelemetry API (default: a
+            ``bl.Telemetry()`` on the global providers, next to free without an SDK).
         max_threads: the most threads each pool (models, tools) may grow to while
             compensating for handlers that wait in ``run_child`` or are stuck past their
             timeout (SPEC 5 and 8).
@@ -143,6 +146,7 @@ class Runner:
                  model_threads: int = 32, tool_threads: int = 32,
                  estimator: Estimator | None = None, price: Price | None = None,
                  sync: bool = True, clock: Clock | None = None, lease_s: float = 30.0,
+                 telemetry: Telemetry | None = None,
                  max_threads: int = MAX_THREADS,
                  redaction_key: keys.KeySource | None = None) -> None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
@@ -185,13 +189,18 @@ class Runner:
         self._stop_renewing = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="boundloop-lease", daemon=True)
         self._renewer.start()
+        if telemetry is not None and not isinstance(telemetry, Telemetry):
+            raise ConfigError(f"telemetry must be a bl.Telemetry, got {telemetry!r}")
+        self.telemetry = telemetry if telemetry is not None else Telemetry()
+        if isinstance(self._journal, LmdbJournal):
+            self._journal.on_commit = self.telemetry.journal_commit
         self._workers = Workers(model_threads, tool_threads, self.clock, max_threads)
         self._executor = ExecutorActor.start(self._workers)
         self._budget = BudgetActor.start()
         self._admission = AdmissionActor.start(self._journal, max_in_flight)
         self._supervisors = [
             SupervisorActor.start(self._journal, self._executor, self._budget, self._workers,
-                                  self._finished)
+                                  self._finished, self.telemetry)
             for _ in range(supervisors)]
 
     # -- ownership ---------------------------------------------------------------------
@@ -574,6 +583,7 @@ class Runner:
             _settle_closed(f)
         self._workers.close()
         self._renewer.join()
+        self.telemetry.flush()
         try:
             if not self._journal.closed:
                 self._journal.remove_owner(self.owner)

@@ -14,7 +14,7 @@ from boundloop import events
 
 EXPECTED = {
     # running
-    "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken",
+    "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken", "Telemetry",
     # recovery
     "RecoveredRun",
     # budgets and metering

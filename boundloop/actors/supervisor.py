@@ -42,6 +42,7 @@ from boundloop.loop import (
     Reconcile,
 )
 from boundloop.results import RunResult
+from boundloop.telemetry import Telemetry
 
 #: How long a model call may run on past the run's deadline before it is abandoned.
 GRACE_S = 0.5
@@ -56,6 +57,8 @@ class _Run(msgspec.Struct):
     seq: int
     failed: bool = False
     generation: int = 0
+    #: The events of the commit in flight, for telemetry once they are durable.
+    committing: list[ev.Event] = msgspec.field(default_factory=list)
     #: The user call (model, estimator, permit) the run waits for, if any.
     call: _UserCall | None = None
 
@@ -105,8 +108,9 @@ class SupervisorActor(pykka.ThreadingActor):
 
     def __init__(self, journal: Journal, executor: pykka.ActorRef[Any],
                  budget: pykka.ActorRef[Any], workers: Workers,
-                 on_finished: Callable[[str], None]) -> None:
+                 on_finished: Callable[[str], None], telemetry: Telemetry | None = None) -> None:
         super().__init__()
+        self.telemetry = telemetry
         self.journal = journal
         self.executor = executor
         self.budget = budget
@@ -139,6 +143,9 @@ class SupervisorActor(pykka.ThreadingActor):
                 if waiting is not None and waiting.generation == generation:
                     if error is None:
                         waiting.seq += appended
+                        if appended:
+                            self._observe(run_id, waiting, waiting.committing)
+                    waiting.committing = []
                     self._advance(run_id, waiting, value, error)
             case _UserReturned(run_id=run_id, token=token, reply=reply):
                 asked = self.runs.get(run_id)
@@ -155,6 +162,9 @@ class SupervisorActor(pykka.ThreadingActor):
                 if recording is not None and error is not None:
                     recording.seq -= len(events)
                     recording.driver.lose(events)
+                elif recording is not None:
+                    # Before done(): the attempt (and any child run it starts) comes after.
+                    self._observe(run_id, recording, events)
                 done(error)
 
     # -- driving -----------------------------------------------------------------------
@@ -183,8 +193,16 @@ class SupervisorActor(pykka.ThreadingActor):
         run.gen = run.driver.fail(exc)
         self._advance(run_id, run, None, None)
 
+    def _observe(self, run_id: str, run: _Run, events: list[ev.Event]) -> None:
+        """Telemetry is a projection of the events just made durable (DESIGN)."""
+        if self.telemetry is not None:
+            self.telemetry.observe(run_id, events, model=run.driver.spec.model,
+                                   state=run.driver.state)
+
     def _done(self, run_id: str, run: _Run, result: RunResult | None,
               exc: BaseException | None) -> None:
+        if self.telemetry is not None:
+            self.telemetry.release(run_id, result.status if result is not None else None)
         if self.runs.get(run_id) is run:
             del self.runs[run_id]
         self.on_finished(run_id)
@@ -205,6 +223,7 @@ class SupervisorActor(pykka.ThreadingActor):
         match effect:
             case Commit(events=events):
                 count = len(events)
+                run.committing = events
 
                 def committed(err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, None, err, count, generation))

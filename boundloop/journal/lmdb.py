@@ -806,8 +806,12 @@ class LmdbJournal(Journal):
         with self._gate.exclusive():
             self._env.set_mapsize(0)
 
+    #: Called by the writer after each durable commit: ``(latency_s, appends)`` (telemetry).
+    on_commit: Callable[[float, int], None] | None = None
+
     def _commit(self, batch: list[_Request]) -> None:
         outcomes: list[BaseException | None] = []
+        started = time.perf_counter()
         try:
             if self._closed:
                 raise JournalUnavailable(f"the journal at {self.path} is closed")
@@ -837,6 +841,12 @@ class LmdbJournal(Journal):
         except Exception as exc:  # noqa: BLE001 - the writer must outlive any bad append
             outcomes = [JournalUnavailable(f"journal write failed: {type(exc).__name__}: "
                                            f"{exc}")] * len(batch)
+        hook = self.on_commit
+        if hook is not None and outcomes and not all(outcomes):
+            try:
+                hook(time.perf_counter() - started, len(batch))
+            except Exception:  # noqa: BLE001 - telemetry must not stop the writer
+                pass
         for req, outcome in zip(batch, outcomes, strict=True):
             try:
                 req.done(outcome)

@@ -1,0 +1,332 @@
+"""``Telemetry``: the projection wired to OpenTelemetry (and any extra sinks)."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import metrics, trace
+from opentelemetry.metrics import Meter, MeterProvider, NoOpMeterProvider
+from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
+
+from boundloop import events as ev
+from boundloop.errors import ConfigError
+from boundloop.telemetry import names as n
+from boundloop.telemetry.projection import Fanout, Projection, Sink
+
+if TYPE_CHECKING:
+    from boundloop.policy.replay import RunState
+
+try:  # the API's stand-in until an SDK is set globally (private name, stable since 1.10)
+    from opentelemetry.metrics._internal import _ProxyMeterProvider as _ProxyMeters
+except ImportError:  # pragma: no cover - a future API without it: treat nothing as a proxy
+    class _ProxyMeters:  # type: ignore[no-redef]
+        pass
+
+_log = logging.getLogger("boundloop.telemetry")
+
+#: How often a Telemetry on the global providers looks again for an SDK while it has none.
+RECHECK_S = 1.0
+#: Journal commits noted and not yet recorded, at most (see ``Telemetry.journal_commit``).
+MAX_PENDING_COMMITS = 1024
+#: What waits to be recorded (counter sums, journal commits) is recorded within this time.
+FLUSH_S = 1.0
+
+
+class OtelMetrics:
+    """A sink recording to OpenTelemetry instruments made from ``meter``, one per metric of
+    ``names.METRICS``.
+
+    Histograms are recorded at once. Counter additions are summed here and added to the
+    SDK's counters by ``flush`` (``schedule`` is called when the first one waits, so a
+    ``Telemetry`` flushes within ``FLUSH_S``): a synchronous SDK add costs ~5 µs on the
+    2-core bench machine, a sum here ~0.2 µs, and a round adds tokens of two kinds or more.
+    (Observable counters would be as cheap, but the SDK keeps the callbacks of only the
+    first instrument of a name: a second Telemetry on the same provider would be lost.)
+    """
+
+    def __init__(self, meter: Meter, schedule: Callable[[], None] = lambda: None) -> None:
+        self._lock = threading.Lock()
+        self._schedule = schedule
+        self._instruments: dict[str, Any] = {}
+        for m in n.METRICS:
+            if m.kind == "counter":
+                inst: Any = meter.create_counter(m.name, unit=m.unit, description=m.description)
+                self._instruments[m.name] = inst.add
+                continue
+            try:
+                inst = meter.create_histogram(
+                    m.name, unit=m.unit, description=m.description,
+                    explicit_bucket_boundaries_advisory=list(m.buckets))
+            except TypeError:  # opentelemetry-api < 1.23 takes no advisory
+                inst = meter.create_histogram(m.name, unit=m.unit, description=m.description)
+            self._instruments[m.name] = inst.record
+        #: counter additions not yet given to the SDK, by (metric, attribute values)
+        self._pending: dict[tuple[str, tuple[str, ...]], float] = {}
+        self._attrs: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
+        # (metric, values) -> how to record one value of that series, made once per series.
+        self._bound: dict[tuple[str, tuple[str, ...]], Callable[[float], None]] = {}
+
+    def _attributes(self, name: str, keys: tuple[str, ...],
+                    values: tuple[str, ...]) -> dict[str, str]:
+        key = (name, values)
+        attrs = self._attrs.get(key)
+        if attrs is None:
+            attrs = dict(zip(keys, values, strict=True))
+            if len(self._attrs) < 10_000:  # series are few (statuses, limits, tools, models)
+                self._attrs[key] = attrs
+        return attrs
+
+    def record(self, metric: n.Metric, value: float, values: tuple[str, ...]) -> None:
+        """Add to the metric's counter (at the next flush) or record in its histogram."""
+        fn = self._bound.get((metric.name, values))
+        if fn is None:
+            fn = self._bind(metric, values)
+        fn(value)
+
+    def _bind(self, metric: n.Metric, values: tuple[str, ...]) -> Callable[[float], None]:
+        key = (metric.name, values)
+        if metric.kind == "counter":
+            pending, lock, schedule = self._pending, self._lock, self._schedule
+
+            def fn(value: float) -> None:
+                with lock:
+                    first = not pending
+                    pending[key] = pending.get(key, 0) + value
+                if first:
+                    schedule()
+        else:
+            method = self._instruments[metric.name]
+            attrs = self._attributes(metric.name, metric.attributes, values)
+
+            def fn(value: float) -> None:
+                method(value, attrs)
+
+        if len(self._bound) < 10_000:
+            self._bound[key] = fn
+        return fn
+
+    def flush(self) -> None:
+        """Give the summed counter additions to the SDK."""
+        with self._lock:
+            if not self._pending:
+                return
+            pending, self._pending = self._pending, {}
+        keys = {m.name: m.attributes for m in n.METRICS}
+        for (name, values), total in pending.items():
+            self._instruments[name](total, self._attributes(name, keys[name], values))
+
+
+class Telemetry:
+    """boundloop's telemetry (SPEC 11): spans and metrics projected from the journal's events.
+
+    ``Runner(telemetry=Telemetry(...))``; the runner feeds it each run's events once they are
+    durable (``observe``) and each journal commit's latency (``journal_commit``). It reports
+    through ``opentelemetry-api`` only: the application chooses the SDK and exporters. On the
+    global providers (the default) and without an SDK, ``observe`` returns at once (it looks
+    for an SDK again at most once a second); with one, spans follow the GenAI conventions
+    (``invoke_agent``, ``chat {model}``, ``execute_tool {tool}``) and the metrics are those of
+    ``boundloop.telemetry.names.METRICS``. Counter additions and journal-commit figures wait
+    at most ``FLUSH_S`` (1 s) before they reach the SDK (``flush`` records them at once: call
+    it at shutdown). Nothing it does can fail a run: an error in it is logged (once) to the
+    ``boundloop.telemetry`` logger and that observation is dropped. Thread-safe.
+
+    Args:
+        capture_content: put message content on spans (prompt history, responses, tool
+            arguments and results), from the journal's redacted form: values the journal
+            redacts appear as ``[redacted]``. Off by default.
+        tracer_provider: the provider of spans (default: the global one).
+        meter_provider: the provider of metrics (default: the global one).
+        sinks: more metric sinks fed by the same projection, such as
+            ``boundloop.telemetry.prometheus.register(registry)``.
+        max_runs: runs tracked at once (open runs; a finished run is dropped at once).
+        max_attempts: tool attempts in flight tracked at once, across runs.
+
+    Raises:
+        ConfigError: an argument is of the wrong kind.
+    """
+
+    def __init__(self, *, capture_content: bool = False,
+                 tracer_provider: TracerProvider | None = None,
+                 meter_provider: MeterProvider | None = None, sinks: Sequence[Sink] = (),
+                 max_runs: int = 10_000, max_attempts: int = 100_000) -> None:
+        if not isinstance(capture_content, bool):
+            raise ConfigError("capture_content must be True or False")
+        for name, value in (("max_runs", max_runs), ("max_attempts", max_attempts)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
+        sinks = list(sinks)
+        for sink in sinks:
+            if not callable(getattr(sink, "record", None)):
+                raise ConfigError(f"a sink must have record(metric, value, values), got "
+                                  f"{sink!r}")
+        self.capture_content = capture_content
+        self._given_tracers = tracer_provider
+        self._given_meters = meter_provider
+        self._sinks = sinks
+        self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(n.SCOPE)
+        self._otel_metrics = OtelMetrics(
+            (meter_provider or metrics.get_meter_provider()).get_meter(n.SCOPE),
+            self._schedule)
+        self._timer: threading.Timer | None = None
+        self._timer_lock = threading.Lock()
+        self._projection = Projection(None, None, capture_content=capture_content,
+                                      max_runs=max_runs, max_attempts=max_attempts)
+        self._lock = threading.Lock()
+        #: (latency_s, batch_size) of commits not yet recorded (see ``journal_commit``)
+        self._commits: collections.deque[tuple[float, int]] = collections.deque()
+        self._tracing = self._metering = False
+        self._live = bool(sinks)
+        self._recheck_at = 0.0
+        self._settled = False  # True once nothing more can change (explicit or SDK found)
+        self._complained = False
+        self._refresh()
+
+    # -- liveness ---------------------------------------------------------------------
+    def _refresh(self) -> None:
+        """Find out whether spans and OpenTelemetry metrics go anywhere, and set the
+        projection's tracer and sink to match (a no-op provider gets no work at all)."""
+        tp = self._given_tracers or trace.get_tracer_provider()
+        mp = self._given_meters or metrics.get_meter_provider()
+        self._tracing = not isinstance(tp, ProxyTracerProvider | NoOpTracerProvider)
+        self._metering = not isinstance(mp, _ProxyMeters | NoOpMeterProvider)
+        sinks: list[Sink] = ([self._otel_metrics] if self._metering else []) + self._sinks
+        projection = self._projection
+        projection.tracer = self._tracer if self._tracing else None
+        projection.sink = None if not sinks else sinks[0] if len(sinks) == 1 else Fanout(sinks)
+        self._live = self._tracing or bool(sinks)
+        # A global provider is set once: after that (or with providers given), look no more.
+        self._settled = (self._given_tracers is not None or self._tracing) and (
+            self._given_meters is not None or self._metering)
+        self._recheck_at = time.monotonic() + RECHECK_S
+
+    @property
+    def enabled(self) -> bool:
+        """True when spans or metrics go somewhere (an SDK or a sink is configured)."""
+        if not self._settled and time.monotonic() >= self._recheck_at:
+            with self._lock:
+                self._refresh()
+        return self._live
+
+    # -- feeding ----------------------------------------------------------------------
+    def observe(self, run_id: str, events: Iterable[ev.Event], *, model: Any = None,
+                state: RunState | None = None) -> None:
+        """Project the events of run ``run_id`` just made durable, in order.
+
+        Call it after each durable commit of the run's events, with their journal form (so
+        nothing redacted is ever seen here), before anything the commit allows starts (a
+        child run's RunAdmitted must come after its parent's CallDispatched).
+
+        Args:
+            run_id: the run the events belong to.
+            events: the committed events, oldest first.
+            model: the run's model (its ``model`` attribute, when a string, names the
+                ``chat`` spans; a string is the name itself); read when the run is first seen.
+            state: the run's live ``RunState``; read only when the run is first seen other
+                than by its RunAdmitted (a resumed run), for its tools and open actions.
+        """
+        if not self._settled and time.monotonic() >= self._recheck_at:
+            with self._lock:
+                self._refresh()
+        if not self._live:
+            return
+        with self._lock:
+            try:
+                if self._commits:
+                    self._record_commits()
+                self._projection.project(run_id, events, model=model, state=state)
+            except Exception:  # noqa: BLE001 - telemetry never fails a run
+                self._complain("observing run %r", run_id)
+
+    def journal_commit(self, latency_s: float, batch_size: int) -> None:
+        """Note one durable journal commit: its latency and the appends it carried.
+
+        Made for the journal's writer thread, the group commit's critical path: it only
+        queues the figures (~0.1 µs); they are recorded by the next ``observe`` (which
+        follows every commit) or ``flush``, so the SDK's ~6 µs a measurement is paid off
+        the writer. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself.
+        """
+        if not self._settled and time.monotonic() >= self._recheck_at:
+            with self._lock:
+                self._refresh()
+        if self._projection.sink is None:
+            return
+        commits = self._commits
+        first = not commits
+        commits.append((latency_s, batch_size))
+        if first:
+            self._schedule()
+        elif len(commits) >= MAX_PENDING_COMMITS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Record what waits (journal commits, counter sums): it happens by itself within
+        ``FLUSH_S``; call it before reading metrics at once, and at shutdown."""
+        with self._lock:
+            try:
+                self._record_commits()
+                self._otel_metrics.flush()
+            except Exception:  # noqa: BLE001 - telemetry never fails the caller
+                self._complain("recording metrics")
+
+    def _schedule(self) -> None:
+        """Flush within FLUSH_S (one timer thread at a time, only while something waits)."""
+        with self._timer_lock:
+            if self._timer is not None:
+                return
+            timer = self._timer = threading.Timer(FLUSH_S, self._timed_flush)
+        timer.daemon = True
+        timer.name = "boundloop-telemetry-flush"
+        try:
+            timer.start()
+        except RuntimeError:  # no thread to be had (interpreter shutdown): next observe records
+            with self._timer_lock:
+                self._timer = None
+
+    def _timed_flush(self) -> None:
+        with self._timer_lock:
+            self._timer = None
+        self.flush()
+
+    def _record_commits(self) -> None:
+        sink, commits = self._projection.sink, self._commits
+        while commits:
+            latency_s, batch_size = commits.popleft()
+            if sink is not None:
+                sink.record(n.COMMIT_LATENCY, latency_s, ())
+                sink.record(n.COMMIT_BATCH, batch_size, ())
+
+    def release(self, run_id: str, status: str | None = None) -> None:
+        """The runner stopped driving run ``run_id``. Call it for every run that ends on
+        this runner (a no-op when its RunFinished was observed): a run that ended without
+        one (journal unavailable, lease lost, runner closed) has its spans ended as
+        ``status`` (else ``unfinished``) and is counted in ``boundloop.runs.unrecorded``."""
+        if not self._live:
+            return
+        with self._lock:
+            try:
+                projection = self._projection
+                if projection.release(run_id, status, time.time()) and \
+                        projection.sink is not None:
+                    projection.sink.record(n.RUNS_UNRECORDED, 1, (status or n.UNFINISHED,))
+            except Exception:  # noqa: BLE001 - telemetry never fails a run
+                self._complain("releasing run %r", run_id)
+
+    def refused(self, status: str) -> None:
+        """A run admission refused (``rejected``, or ``journal_unavailable`` at admission):
+        it has no events, so only ``boundloop.runs.unrecorded`` counts it."""
+        sink = self._projection.sink if self._live else None
+        if sink is not None:
+            try:
+                sink.record(n.RUNS_UNRECORDED, 1, (status,))
+            except Exception:  # noqa: BLE001 - telemetry never fails a run
+                self._complain("counting a refused run")
+
+    def _complain(self, what: str, *args: object) -> None:
+        if not self._complained:
+            self._complained = True
+            _log.exception("boundloop telemetry failed " + what + " (reported once)", *args)
