@@ -8,12 +8,14 @@ only parses arguments and prints. ``click`` and ``rich`` are imported here, neve
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 import click
 import msgspec
@@ -97,24 +99,218 @@ def _echo_json(value: Any) -> None:
     click.echo(json.dumps(msgspec.to_builtins(value), indent=2, ensure_ascii=False))
 
 
-def _console() -> Any:
-    from rich.console import Console
+#: Cells between two columns of a table.
+_GAP = 2
+#: Columns with ``Col.drop`` at least this go before the others are cut much.
+_EXTRA = 5
+#: Spaces at the end of a line, before any escape codes that end it.
+_TAIL = re.compile(r"[ \t]+((?:\x1b\[[0-9;?]*[A-Za-z])*)$")
 
-    # Pipes get a fixed, generous width so tables stay readable in logs and CI.
-    return Console(width=max(Console().width, 140), highlight=False)
+
+class Col(NamedTuple):
+    """A table column. ``shrink``: the fewest cells it may be cut to, with "…" (None: never
+    cut); ``drop``: when even that does not fit, columns go highest ``drop`` first (0: never
+    dropped; ``_EXTRA`` and more: an extra, dropped rather than cutting the others much);
+    ``wrap``: in a terminal, wrap instead of cutting; ``right``: right-aligned."""
+
+    header: str
+    shrink: int | None = None
+    drop: int = 0
+    wrap: bool = False
+    right: bool = False
 
 
-def _table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-           no_wrap: Sequence[int] = (0,)) -> Any:
-    from rich.table import Table
-    from rich.text import Text
+def _columns_env() -> int | None:
+    try:
+        value = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return None
+    return value if value > 0 else None
 
-    table = Table(title=title, title_justify="left")
-    for i, col in enumerate(columns):
-        table.add_column(col, overflow="fold", no_wrap=i in no_wrap)
-    for row in rows:
-        table.add_row(*(Text("-" if cell is None or cell == "" else str(cell)) for cell in row))
-    return table
+
+def _clip(text: str, width: int) -> str:
+    """``text`` cut to ``width`` terminal cells, ending in "…" when it was cut."""
+    from rich.cells import cell_len, get_character_cell_size
+
+    if cell_len(text) <= width:
+        return text
+    if width < 1:
+        return ""
+    out, used = [], 0
+    for ch in text:
+        size = get_character_cell_size(ch)
+        if used + size > width - 1:
+            break
+        out.append(ch)
+        used += size
+    return "".join(out) + "…"
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value == "" else " ".join(str(value).split())
+
+
+def _fit(cols: Sequence[Col], rows: Sequence[Sequence[str]],
+         width: int | None) -> tuple[list[int], list[int]]:
+    """Which columns to show, and how wide: natural widths, cut (widest slack first) down
+    to ``shrink`` and then dropping columns by ``drop`` until the table fits ``width``."""
+    from rich.cells import cell_len
+
+    natural = [max([cell_len(c.header), *(cell_len(r[i]) for r in rows)])
+               for i, c in enumerate(cols)]
+    least = [natural[i] if c.shrink is None else min(natural[i], c.shrink)
+             for i, c in enumerate(cols)]
+    shown = list(range(len(cols)))
+    if width is None:
+        return shown, natural
+
+    def need(widths: Sequence[int]) -> int:
+        return sum(widths[i] for i in shown) + _GAP * (len(shown) - 1)
+
+    # Drop when even the cut columns do not fit; drop an extra column (drop >= _EXTRA) as
+    # soon as fitting would take more than half of what the columns may be cut by.
+    while True:
+        droppable = [i for i in shown if cols[i].drop]
+        if not droppable:
+            break
+        victim = max(droppable, key=lambda i: (cols[i].drop, i))
+        if not (need(least) > width or (
+                cols[victim].drop >= _EXTRA and
+                need(natural) - width > sum(natural[i] - least[i] for i in shown) / 2)):
+            break
+        shown.remove(victim)
+    widths = {i: natural[i] for i in shown}
+    excess = sum(widths.values()) + _GAP * (len(shown) - 1) - width
+    while excess > 0:
+        slack = [i for i in shown if widths[i] > least[i]]
+        if not slack:
+            break
+        widest = max(slack, key=lambda i: widths[i] - least[i])
+        cut = min(excess, max(1, (widths[widest] - least[widest]) // 4))
+        widths[widest] -= cut
+        excess -= cut
+    return shown, [widths[i] for i in shown]
+
+
+class _Out:
+    """Where a command prints. A terminal gets rich output as wide as the terminal (or
+    ``$COLUMNS``); a pipe or a file gets plain text: aligned columns, no escape codes, no
+    box-drawing characters, no trailing spaces, and no line wider than ``$COLUMNS`` when it
+    is set (long fields are cut with "…", prose is wrapped)."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+
+        self.console = Console(highlight=False)
+        self.rich = self.console.is_terminal
+        self.width: int | None = self.console.width if self.rich else _columns_env()
+
+    def _emit(self, renderable: Any) -> None:
+        with self.console.capture() as captured:
+            self.console.print(renderable)
+        lines = captured.get().split("\n")
+        self.console.file.write("\n".join(_TAIL.sub(r"\1", line) for line in lines))
+        self.console.file.flush()
+
+    def line(self, text: str = "", style: str = "", record: bool = False) -> None:
+        """A line of prose: wrapped to the width (a pipe without ``$COLUMNS``: as it is). A
+        ``record`` (a line scripts read, such as compact's sizes) is never wrapped when
+        piped."""
+        if self.rich:
+            from rich.text import Text
+
+            self._emit(Text(text, style=style))
+            return
+        if record or self.width is None or _cell_len(text) <= self.width:
+            click.echo(text.rstrip())
+            return
+        import textwrap
+
+        for part in textwrap.wrap(text, self.width, subsequent_indent="  ",
+                                  break_on_hyphens=False) or [""]:
+            click.echo(_clip(part, self.width).rstrip())
+
+    def table(self, cols: Sequence[Col], rows: Sequence[Sequence[Any]], *,
+              title: str | None = None, caption: str | None = None,
+              caption_of: str | None = None) -> None:
+        """A table whose columns fit the width: cut, then dropped (a note says which). The
+        ``caption`` is printed after it (only when the column ``caption_of`` is shown)."""
+        cells = [[_cell(v) for v in row] for row in rows]
+        shown, widths = _fit(cols, cells, self.width)
+        if title:
+            self.line(title, style="bold")
+        if self.rich:
+            self._emit(self._rich_table(cols, cells, shown, widths))
+        else:
+            import textwrap
+
+            for row in [[c.header for c in cols], *cells]:
+                stacks = [textwrap.wrap(row[i], w, break_on_hyphens=False) or [""]
+                          if cols[i].wrap and w > 1 else [_clip(row[i], w)]
+                          for i, w in zip(shown, widths, strict=True)]
+                for n in range(max(len(s) for s in stacks)):
+                    parts = []
+                    for i, w, stack in zip(shown, widths, stacks, strict=True):
+                        text = _clip(stack[n], w) if n < len(stack) else ""
+                        pad = " " * (w - _cell_len(text))
+                        parts.append(pad + text if cols[i].right else text + pad)
+                    line = (" " * _GAP).join(parts).rstrip()
+                    click.echo(line if self.width is None else _clip(line, self.width))
+        hidden = [c.header for i, c in enumerate(cols) if i not in shown]
+        if hidden:
+            self.line(f"(hidden at this width: {', '.join(hidden)}; see --json)",
+                      style="dim")
+        if caption and caption_of not in hidden:
+            self.line(caption, style="dim")
+
+    @staticmethod
+    def _rich_table(cols: Sequence[Col], cells: Sequence[Sequence[str]], shown: list[int],
+                    widths: list[int]) -> Any:
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                      padding=(0, _GAP - 1, 0, 0), header_style="bold")
+        for i, w in zip(shown, widths, strict=True):
+            c = cols[i]
+            table.add_column(c.header, width=w, no_wrap=not c.wrap,
+                             overflow="fold" if c.wrap else "ellipsis",
+                             justify="right" if c.right else "left")
+        for row in cells:
+            table.add_row(*(Text(row[i]) for i in shown))
+        return table
+
+
+def _cell_len(text: str) -> int:
+    from rich.cells import cell_len
+
+    return cell_len(text)
+
+
+@contextlib.contextmanager
+def _progress(out: _Out, what: str) -> Iterator[None]:
+    """A progress bar (rich.progress) while the work runs, shown once it has taken a second,
+    on a terminal only; it is erased when the work ends."""
+    if not out.rich:
+        yield
+        return
+    import threading
+
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                        TimeElapsedColumn(), console=out.console, transient=True)
+    progress.add_task(what, total=None)
+    timer = threading.Timer(1.0, progress.start)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
+        progress.stop()
 
 
 def _when(ts: float | None) -> str:
@@ -150,42 +346,86 @@ def cli(ctx: click.Context, journal: str | None) -> None:
 @journal_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def demo(journal: str | None, as_json: bool) -> None:
-    """Run the built-in scripted scenarios end to end and print their reports."""
-    from boundloop.demo import run_demo
+    """Run the built-in scripted scenarios end to end and print their reports: status, the
+    limit that stopped each run, its steps and calls, and its completed and unresolved
+    actions."""
+    from boundloop.demo import completed_text, run_demo
     from boundloop.runner import Runner
 
-    with Runner(journal_dir(journal)) as runner:
+    where = journal_dir(journal)
+    with Runner(where) as runner:
         scenarios = run_demo(runner)
     rows = [{"scenario": s.name, "run_id": s.result.run_id, "status": s.result.status,
-             "limit": s.result.exhausted_limit, "model_steps": s.result.model_steps,
-             "tool_calls": s.result.tool_calls, "explanation": s.result.explanation}
+             "limit": s.result.exhausted_limit, "budget_limit": s.limit,
+             "model_steps": s.result.model_steps, "tool_calls": s.result.tool_calls,
+             "completed": len(s.result.completed),
+             "failed": sum(1 for c in s.result.completed if c.status != "ok"),
+             "unresolved": len(s.result.unresolved), "parent_run_id": s.parent_run_id,
+             "story": s.story, "explanation": s.result.explanation}
             for s in scenarios]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="boundloop demo")
-    for col in ("scenario", "status", "limit", "model steps", "tool calls"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(str(r["scenario"]), str(r["status"]), str(r["limit"] or "-"),
-                      str(r["model_steps"]), str(r["tool_calls"]))
-    Console(width=max(Console().width, 100)).print(table)
-    for r in rows:
-        click.echo(f"- {r['scenario']} ({r['run_id']}): {r['explanation']}")
-    click.echo(f"journal: {os.path.abspath(journal_dir(journal))}  "
-               "(`boundloop show RUN_ID` prints a run's timeline)")
+    out = _Out()
+    out.table([Col("scenario", shrink=13), Col("status"), Col("limit", shrink=13, drop=2),
+               Col("steps", drop=6, right=True), Col("calls", drop=5, right=True),
+               Col("completed", shrink=9, drop=3), Col("unresolved", drop=1, right=True)],
+              [(s.name, s.result.status, s.limit, s.result.model_steps, s.result.tool_calls,
+                completed_text(s.result), len(s.result.unresolved)) for s in scenarios],
+              title="boundloop demo")
+    out.line()
+    for s in scenarios:
+        out.line(f"- {s.name} ({s.result.run_id}): {s.story}")
+    out.line()
+    default = os.environ.get("BOUNDLOOP_JOURNAL") or ".boundloop"
+    flag = "" if where == default else f" --journal {where}"
+    review = next((s.result.run_id for s in scenarios if s.result.status == "needs_review"),
+                  scenarios[0].result.run_id)
+    out.line(f"journal: {os.path.abspath(where)}")
+    out.line("what to run next:")
+    for command, what in ((f"show {review}", "a run's timeline, event by event"),
+                          ("runs --tree", "every run, child runs under their parents"),
+                          ("stats", "the figures: statuses, limits, tokens, latency")):
+        out.line(f"  boundloop{flag} {command}")
+        out.line(f"      {what}", style="dim")
 
 
 # -- runs ----------------------------------------------------------------------------------
+#: How many runs ``runs`` lists unless given -n N or --all.
+RUNS_LIMIT = 50
+REJECTED = ("rejected runs are not journaled: admission refuses them before anything is "
+            "recorded, so no listing can show them (the caller's RunResult says "
+            "`rejected`, and the telemetry counts them)")
+
+
+def _age(seconds: float) -> str:
+    """A duration as it is typed: ``0s``, ``90s``, ``2h``, ``7d``."""
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds / size:g}{unit}"
+    return f"{seconds:g}s"
+
+
+def _ago(seconds: float) -> str:
+    """A rough age: ``4s``, ``12m``, ``3h``, ``5d``."""
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 @cli.command()
 @journal_option
 @json_option("the runs")
 @click.option("--status", "statuses", multiple=True, metavar="STATUS",
               help="Only runs with this status (repeatable): a SPEC status, or running / "
-                   "interrupted for runs that have not finished.")
+                   "interrupted for runs that have not finished (owner alive / gone). "
+                   "Not rejected: admission refuses those before anything is journaled.")
 @click.option("--limit-hit", "limits", multiple=True, metavar="LIMIT",
               help="Only runs stopped by this limit (repeatable; 'any' for every limit).")
 @click.option("--since", type=DURATION, default=None, metavar="AGE",
@@ -193,48 +433,110 @@ def demo(journal: str | None, as_json: bool) -> None:
 @click.option("--older-than", type=DURATION, default=None, metavar="AGE",
               help="Only runs started more than AGE ago.")
 @click.option("-n", "--last", type=click.IntRange(min=1), default=None, metavar="N",
-              help="At most N runs (the newest).")
+              help=f"At most N runs, the newest (default {RUNS_LIMIT}; with --tree, N "
+                   "top-level runs and the runs under them).")
+@click.option("--all", "every", is_flag=True, help="Every run that matches (no -n limit).")
+@click.option("--tree", is_flag=True,
+              help="List each child run under its parent (when the parent is listed too).")
 def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: tuple[str, ...],
-         since: float | None, older_than: float | None, last: int | None) -> None:
-    """List runs, newest first."""
-    from boundloop.inspect import LIMITS, STATUSES, list_runs, open_journal
+         since: float | None, older_than: float | None, last: int | None, every: bool,
+         tree: bool) -> None:
+    """List runs, newest first: the newest 50 unless -n N or --all."""
+    from boundloop.inspect import LIMITS, STATUSES, find_runs, open_journal
 
     for s in statuses:
+        if s == "rejected":
+            raise click.BadParameter(REJECTED, param_hint="'--status'")
         if s not in STATUSES:
-            raise click.BadParameter(f"{s!r} is not a status ({', '.join(STATUSES)})",
+            listed = ", ".join(x for x in STATUSES if x != "rejected")
+            raise click.BadParameter(f"{s!r} is not a status ({listed})",
                                      param_hint="'--status'")
     for lim in limits:
         if lim not in (*LIMITS, "any"):
             raise click.BadParameter(f"{lim!r} is not a limit ({', '.join(LIMITS)}, any)",
                                      param_hint="'--limit-hit'")
+    if every and last is not None:
+        raise click.UsageError("-n and --all contradict each other")
+    limit = None if every else (last or RUNS_LIMIT)
+    now = time.time()
     with open_journal(journal_dir(journal), readonly=True) as j:
-        found = list_runs(j, status=statuses, limit_hit=limits, since_s=since,
-                          older_than_s=older_than, last=last)
+        found = find_runs(j, status=statuses, limit_hit=limits, since_s=since,
+                          older_than_s=older_than, last=limit, tree=tree, now=now)
+    more = f"-n N or --all for more than {limit}" if found.more else ""
     if as_json:
-        _echo_json(found)
+        _echo_json(found.runs)
+        if more and last is None:  # the default limit cut the list short: say so
+            click.echo(f"boundloop: listed the newest {_plural(limit or 0, 'run')}; {more}",
+                       err=True)
         return
-    if not found:
-        click.echo("no runs match" if (statuses or limits or since or older_than)
-                   else "no runs in this journal")
+    out = _Out()
+    if not found.runs:
+        out.line(_no_runs(found, statuses, limits, since, older_than, now))
         return
-    rows = [(r.run_id, r.status, r.exhausted_limit, r.model_steps, r.tool_calls,
-             r.unresolved or "", _when(r.created_ts), _secs(r.elapsed_s)) for r in found]
-    _console().print(_table(f"{len(found)} run{'s' if len(found) != 1 else ''}, newest first",
-                            ("run id", "status", "limit", "steps", "calls", "unresolved",
-                             "started", "took"), rows))
+    filtered = bool(statuses or limits or since is not None or older_than is not None)
+    what = "top-level runs" if tree else "runs"
+    if found.more:
+        title = f"the newest {limit} {'matching ' if filtered else ''}{what}"
+        title += "" if filtered or tree else f" of {found.total}"
+    elif filtered:
+        title = f"{len(found.runs)} of {_plural(found.total, 'run')} match"
+    else:
+        title = _plural(len(found.runs), "run")
+    title += ", newest first" + (", child runs under their parents" if tree else "")
+    rows = [(("  " * r.depth + "↳ " if r.depth else "") + r.run_id, r.status,
+             r.exhausted_limit, r.model_steps, r.tool_calls, r.unresolved or "",
+             r.parent_run_id, _when(r.created_ts), _secs(r.elapsed_s)) for r in found.runs]
+    out.table([Col("run id"), Col("status"), Col("limit", shrink=8, drop=3),
+               Col("steps", drop=6, right=True), Col("calls", drop=5, right=True),
+               Col("unresolved", drop=2, right=True), Col("parent", shrink=10, drop=4),
+               Col("started", drop=8), Col("took", drop=7, right=True)], rows,
+              title=title, caption=f"({more})" if more else None)
+
+
+def _no_runs(found: Any, statuses: Sequence[str], limits: Sequence[str], since: float | None,
+             older_than: float | None, now: float) -> str:
+    """Why ``runs`` lists nothing, in a sentence."""
+    if not found.total:
+        return "no runs in this journal"
+    newest = "" if found.newest_ts is None else \
+        f", the newest started {_ago(now - found.newest_ts)} ago"
+    held = f"this journal holds {_plural(found.total, 'run')}{newest}"
+    others = [f"--status {s}" for s in statuses] + [f"--limit-hit {x}" for x in limits]
+    if older_than is not None:
+        others.append(f"--older-than {_age(older_than)}")
+    if since is not None:
+        also = f" matching {' '.join(others)}" if others else ""
+        return f"no run started in the last {_age(since)}{also} ({held})"
+    return f"no runs match {' '.join(others)} ({held})"
 
 
 # -- show ----------------------------------------------------------------------------------
+def _open_note(word: str) -> str:
+    """What ``show`` and ``replay`` add to the state word of a run with no RunFinished."""
+    return "no RunFinished event yet; its runner is " + ("alive" if word == "running" else "gone")
+
+
+def _run_rows(found: Sequence[Any]) -> list[tuple[Any, ...]]:
+    return [(r.run_id, r.status, r.exhausted_limit, r.model_steps, r.tool_calls,
+             r.unresolved or "") for r in found]
+
+
+_RUN_COLS = (Col("run id"), Col("status"), Col("limit", shrink=8, drop=3),
+             Col("steps", drop=6, right=True), Col("calls", drop=5, right=True),
+             Col("unresolved", drop=2, right=True))
+
+
 @cli.command()
 @journal_option
 @json_option("the timeline")
 @click.argument("run_id")
 def show(journal: str | None, as_json: bool, run_id: str) -> None:
-    """Show a run's timeline: what it did, and why it stopped."""
-    from boundloop.inspect import open_journal, read_events, timeline
+    """Show a run's timeline: what it did, and why it stopped; then its child runs and its
+    completed and unresolved actions."""
+    from boundloop.inspect import open_journal, run_timeline
 
     with open_journal(journal_dir(journal), readonly=True) as j:
-        tl = timeline(read_events(j, run_id))
+        tl = run_timeline(j, run_id)
     if as_json:
         _echo_json(tl)
         return
@@ -244,39 +546,47 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
         cost = "" if r.usage.cost is None else f" ${r.usage.cost:.4g}"
         after = f"{r.model_steps}/{b.max_model_steps} {r.tool_calls}/{b.max_tool_calls} " \
                 f"{r.usage.total_tokens}{cost}"
-        rows.append((r.seq, f"+{r.offset_s:.3f}s", r.step, r.event, r.call_id, r.tool,
-                     r.decision, r.outcome, _secs(r.latency_s) if r.latency_s else None,
+        call = " ".join(x for x in (r.call_id, r.tool) if x)
+        rows.append((r.seq, f"+{r.offset_s:.3f}s", r.step, r.event, call,
+                     r.decision or r.outcome, _secs(r.latency_s) if r.latency_s else None,
                      r.detail, after))
-    console = _console()
-    table = _table(f"run {tl.run_id}",
-                   ("seq", "time", "step", "event", "call", "tool", "decision", "outcome",
-                    "latency", "detail", "budget after"), rows,
-                   no_wrap=(0, 1, 3, 4, 5, 6, 7, 8, 10))
-    table.caption = "budget after: model steps used/max, tool calls used/max, tokens"
-    console.print(table)
+    out = _Out()
+    out.table([Col("seq", right=True), Col("time", drop=5), Col("step", drop=6, right=True),
+               Col("event", shrink=14), Col("call", shrink=8),
+               Col("outcome", shrink=8), Col("latency", drop=5, right=True),
+               Col("detail", shrink=8, drop=2, wrap=True), Col("budget after", drop=7)],
+              rows, title=f"run {tl.run_id}",
+              caption="budget after: model steps used/max, tool calls used/max, tokens",
+              caption_of="budget after")
     limit = f" ({tl.exhausted_limit})" if tl.exhausted_limit else ""
-    status = tl.status if tl.finished else f"{tl.status} (no RunFinished event yet)"
-    lines = [f"status: {status}{limit}",
-             f"explanation: {tl.explanation or '-'}",
-             f"model steps: {tl.model_steps}/{b.max_model_steps}, tool calls: "
+    status = tl.status if tl.finished else f"{tl.status} ({_open_note(tl.status)})"
+    out.line(f"status: {status}{limit}")
+    out.line(f"explanation: {tl.explanation or '-'}")
+    out.line(f"model steps: {tl.model_steps}/{b.max_model_steps}, tool calls: "
              f"{tl.tool_calls}/{b.max_tool_calls}, usage: {_tokens(tl.usage)}, "
-             f"elapsed: {_secs(tl.elapsed_s)}"]
+             f"elapsed: {_secs(tl.elapsed_s)}")
     if tl.parent_run_id:
-        lines.append(f"parent run: {tl.parent_run_id}")
-    for line in lines:
-        console.print(line, markup=False)
+        out.line(f"parent run: {tl.parent_run_id}")
+    if tl.children:
+        out.table(_RUN_COLS, _run_rows(tl.children),
+                  title=f"child runs ({len(tl.children)}, oldest first)")
+    else:
+        out.line("child runs: none")
     if tl.completed:
-        console.print(_table("completed actions", ("call", "tool", "result", "attempts"),
-                             [(c.call_id, c.tool, c.status, c.attempts) for c in tl.completed]))
+        out.table([Col("call", shrink=8), Col("tool", shrink=8), Col("result", shrink=8),
+                   Col("attempts", right=True, drop=1)],
+                  [(c.call_id, c.tool, c.status, c.attempts) for c in tl.completed],
+                  title="completed actions")
     else:
-        console.print("completed actions: none", markup=False)
+        out.line("completed actions: none")
     if tl.unresolved:
-        console.print(_table("unresolved actions", ("call", "tool", "execution id", "attempt",
-                                                     "phase"),
-                             [(u.call_id, u.tool, u.execution_id, u.attempt, u.phase)
-                              for u in tl.unresolved]))
+        out.table([Col("call", shrink=6), Col("tool", shrink=8), Col("execution id"),
+                   Col("attempt", right=True, drop=2), Col("phase", drop=1)],
+                  [(u.call_id, u.tool, u.execution_id, u.attempt,
+                    u.phase + (" (abandoned)" if u.abandoned else "")) for u in tl.unresolved],
+                  title="unresolved actions")
     else:
-        console.print("unresolved actions: none", markup=False)
+        out.line("unresolved actions: none")
 
 
 # -- replay --------------------------------------------------------------------------------
@@ -314,13 +624,22 @@ def _override_options(fn: F) -> F:
 def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: str | None,
            do_check: bool, **limits: Any) -> None:
     """Rebuild a run's state from its events and check it against how the run finished."""
-    from boundloop.inspect import check, load_events, open_journal, read_events, rebuild
+    from boundloop.inspect import (
+        OPEN_EXPLANATIONS,
+        check,
+        load_events,
+        open_journal,
+        read_events,
+        rebuild,
+        state_word,
+    )
 
     changes = {k: v for k, v in limits.items() if v is not None}
     if changes and not do_check:
         raise click.UsageError("limit options such as --max-tool-calls need --check")
     if (run_id is None) == (events_file is None):
         raise click.UsageError("give a RUN_ID or --events FILE (one of them)")
+    owners: dict[str, Any] = {}
     if events_file is not None:
         try:
             events = load_events(events_file)
@@ -331,19 +650,26 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
         assert run_id is not None
         with open_journal(journal_dir(journal), readonly=True) as j:
             events = read_events(j, run_id)
+            owners = j.owners()
     rebuilt = rebuild(events)
+    st = rebuilt.state
+    # The same word as `runs` and `show`; a file cannot tell whether its runner is alive.
+    word, why = st.status, st.explanation
+    if not st.finished:
+        word = "unfinished" if events_file is not None else \
+            state_word(False, st.status, st.owner, owners)
+        why = OPEN_EXPLANATIONS.get(word, "The recording ends before the run finished.")
     report = None
     if do_check:
         budget = None
         if changes:
             budget = msgspec.structs.replace(rebuilt.state.budget, **changes)
         report = check(events, budget)
-    st = rebuilt.state
     failed = bool(rebuilt.mismatches) or (report is not None and not report.ok)
     if as_json:
         out: dict[str, Any] = {
-            "run_id": st.run_id, "status": st.status, "finished": st.finished,
-            "exhausted_limit": st.exhausted_limit, "explanation": st.explanation,
+            "run_id": st.run_id, "status": word, "finished": st.finished,
+            "exhausted_limit": st.exhausted_limit, "explanation": why,
             "model_steps": st.model_steps, "tool_calls": st.tool_calls, "usage": st.usage,
             "elapsed_s": st.elapsed_s, "events": st.events, "budget": st.budget,
             "transcript": st.transcript, "completed": st.completed,
@@ -353,17 +679,20 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
             out["check"] = report
         _echo_json(out)
     else:
-        _print_replay(rebuilt, report)
+        _print_replay(rebuilt, report, word, why)
     if failed:
         click.get_current_context().exit(EXIT_MISMATCH)
 
 
-def _print_replay(rebuilt: Any, report: Any) -> None:
+def _print_replay(rebuilt: Any, report: Any, word: str, why: str) -> None:
     st = rebuilt.state
     limit = f" ({st.exhausted_limit})" if st.exhausted_limit else ""
+    note = "" if st.finished else " (" + (
+        "not finished: the recording ends before RunFinished; from a file, whether its "
+        "runner is alive is not known" if word == "unfinished" else _open_note(word)) + ")"
     lines = [f"run {st.run_id}: {st.events} events folded",
-             f"status: {st.status}{limit}" + ("" if st.finished else " (not finished)"),
-             f"explanation: {st.explanation or '-'}",
+             f"status: {word}{limit}{note}",
+             f"explanation: {why or '-'}",
              f"model steps: {st.model_steps}, tool calls: {st.tool_calls}, "
              f"usage: {_tokens(st.usage)}, elapsed: {_secs(st.elapsed_s)}",
              "transcript:"]
@@ -389,8 +718,9 @@ def _print_replay(rebuilt: Any, report: Any) -> None:
             lines.append(f"check: DIVERGES at {report.divergence}")
         if report.note:
             lines.append(f"check note: {report.note}")
+    out = _Out()
     for line in lines:
-        click.echo(line)
+        out.line(line)
 
 
 # -- prune ---------------------------------------------------------------------------------
@@ -399,25 +729,38 @@ def _print_replay(rebuilt: Any, report: Any) -> None:
 @json_option("what was pruned")
 @click.option("--older-than", type=DURATION, required=True, metavar="AGE",
               help="Remove runs that finished more than AGE ago (e.g. 30d).")
-@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
-def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool) -> None:
-    """Remove finished runs older than AGE (retention). Open runs and runs recovery still
-    needs are kept."""
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@click.option("-v", "--verbose", is_flag=True,
+              help="Also list the id of every run removed, and of every run kept and why.")
+def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool,
+          verbose: bool) -> None:
+    """Remove finished runs older than AGE (retention) and print a summary. Open runs and
+    runs recovery still needs are kept. `boundloop compact` then gives the space back."""
     from boundloop.inspect import open_journal
     from boundloop.inspect import prune as do_prune
 
-    with open_journal(journal_dir(journal), readonly=dry_run) as j:
+    out = _Out()
+    with open_journal(journal_dir(journal), readonly=dry_run) as j, \
+            _progress(out, "pruning" if not dry_run else "looking for runs to prune"):
         report = do_prune(j, older_than, dry_run=dry_run)
     if as_json:
         _echo_json(report)
         return
     verb = "would remove" if dry_run else "removed"
-    click.echo(f"{verb} {len(report.pruned)} finished run{'s' if len(report.pruned) != 1 else ''}"
-               f" that finished before {_when(report.cut_ts)}")
-    for run_id in report.pruned:
-        click.echo(f"  {run_id}")
-    for run_id, why in report.kept.items():
-        click.echo(f"kept {run_id}: {why}")
+    out.line(f"{verb} {_plural(len(report.pruned), 'finished run')} that finished before "
+             f"{_when(report.cut_ts)}")
+    reasons: dict[str, int] = {}
+    for why in report.kept.values():
+        reasons[why] = reasons.get(why, 0) + 1
+    for why, n in reasons.items():
+        out.line(f"kept {_plural(n, 'run')} older than that: {why}")
+    if verbose:
+        for run_id in report.pruned:
+            out.line(f"  {verb} {run_id}")
+        for run_id, why in report.kept.items():
+            out.line(f"  kept {run_id}: {why}")
+    elif report.pruned or report.kept:
+        out.line("(--verbose lists their ids)", style="dim")
 
 
 # -- integrity -----------------------------------------------------------------------------
@@ -436,7 +779,8 @@ def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None
     if warning:
         click.echo(f"boundloop: warning: {warning}", err=True)
     # In a child process: LMDB crashing on damaged pages of its own is reported as damage.
-    reports = verify_journal(where, run_ids)
+    with _progress(_Out(), "verifying the hash chains"):
+        reports = verify_journal(where, run_ids)
     if as_json:
         _echo_json(reports)
     else:
@@ -461,12 +805,15 @@ def compact(journal: str | None, as_json: bool) -> None:
     Refused while a runner or any other process has the journal open."""
     from boundloop.inspect import compact as do_compact
 
-    report = do_compact(journal_dir(journal))
+    out = _Out()
+    with _progress(out, "compacting the journal"):
+        report = do_compact(journal_dir(journal))
     if as_json:
         _echo_json(report)
         return
-    click.echo(f"compacted {report.journal}: data.mdb {report.before} bytes before, "
-               f"{report.after} bytes after ({_mb(report.before)} -> {_mb(report.after)})")
+    out.line(f"compacted {report.journal}: data.mdb {report.before} bytes before, "
+             f"{report.after} bytes after ({_mb(report.before)} -> {_mb(report.after)})",
+             record=True)
 
 
 def _mb(size: int) -> str:
@@ -560,22 +907,26 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
                      "tool_calls": r.state.tool_calls,
                      "unresolved": msgspec.to_builtins(r.unresolved)} for r in found])
         return
+    out = _Out()
     if not found:
-        click.echo("no runs to recover: every open run has a live runner")
+        out.line("no runs to recover: every open run has a live runner")
         return
-    rows: list[tuple[str, ...]] = []
+    rows: list[tuple[Any, ...]] = []
     for r in found:
         if not r.unresolved:
-            rows.append((r.run_id, str(r.state.model_steps), str(r.state.tool_calls),
-                         "-", "-", "-", "-", "-"))
+            rows.append((r.run_id, r.state.model_steps, r.state.tool_calls, None, None, None,
+                         None, None))
         for u in r.unresolved:
-            rows.append((r.run_id, str(r.state.model_steps), str(r.state.tool_calls),
-                         u.call_id, u.tool, u.execution_id, u.phase, str(u.attempt)))
-    title = f"claimed {len(found)} run(s)" if claim else \
-        f"{len(found)} run(s) to recover (read-only: --claim takes them over)"
-    _console().print(_table(title,
-                            ("run id", "steps", "calls", "call", "tool", "execution id",
-                             "phase", "attempt"), rows))
+            rows.append((r.run_id, r.state.model_steps, r.state.tool_calls, u.call_id, u.tool,
+                         u.execution_id, u.phase, u.attempt))
+    title = f"claimed {_plural(len(found), 'run')}" if claim else \
+        f"{_plural(len(found), 'run')} to recover (read-only: --claim takes them over)"
+    out.table([Col("run id"), Col("steps", drop=6, right=True), Col("calls", drop=6, right=True),
+               Col("call", shrink=6), Col("tool", shrink=8), Col("execution id"),
+               Col("phase", drop=2), Col("attempt", drop=3, right=True)], rows, title=title)
+    if any(r.unresolved for r in found):
+        out.line("resolve each action with: boundloop resolve RUN_ID EXECUTION_ID --outcome "
+                 "succeeded|failed|abandoned --note TEXT", style="dim")
 
 
 @cli.command()
@@ -618,7 +969,7 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
 @click.option("--kills", type=click.IntRange(min=0), default=50, show_default=True,
               help="Faults to inject: SIGKILLs, and with --pause SIGSTOPs too.")
 @click.option("--seed", type=int, default=1, show_default=True)
-@click.option("--workers", type=click.IntRange(min=1, max=64), default=2, show_default=True,
+@click.option("--workers", type=click.IntRange(min=1, max=16), default=2, show_default=True,
               help="Worker processes sharing the journal.")
 @click.option("--pause", is_flag=True, default=False,
               help="Also freeze workers past their lease (SIGSTOP), let the others take "

@@ -19,8 +19,9 @@ truth). Then the journal is checked against the ledger and the workers' own logs
 * every ``CallSucceeded`` recorded at epoch *k* is backed by a side effect executed at
   epoch *k* (a zombie's late append was never accepted); the refusals the zombies saw
   (``LeaseLost``) are counted;
-* no attempt started after its run was claimed by a later epoch (zombie execution: a
-  handler already running when its worker froze may finish, that is what review is for);
+* no attempt started after its run was claimed by a later epoch (a zombie execution; a
+  handler already running when its worker froze may finish: review, reconcile and the
+  downstream's fencing, see Downstream, settle that);
 * every takeover came within lease + claim interval (+ slack) of its owner's death or
   freeze.
 
@@ -62,8 +63,9 @@ from boundloop.tools import Tool, ToolContext, tool
 TOOLS = ("charge", "ship", "book")
 ARGS: dict[str, dict[str, Any]] = {"charge": {"amount": 7}, "ship": {"item": "parcel"},
                                    "book": {"room": "r1"}}
-#: A takeover may come this much later than lease + claim interval on a loaded machine
-#: (a sweep reads every open run; a worker that just started needs ~0.5 s to sweep).
+#: A takeover may come this much later than lease + claim interval on a loaded machine: a
+#: sweep reads every open run, a worker that just started needs ~0.5 s to sweep, and the
+#: takeover of a worker killed while the others were frozen waits for a new one.
 SLACK_S = 1.0
 #: Pauses last this many leases (some end before a takeover, most after one).
 PAUSE_LEASES = (1.2, 2.5)
@@ -78,7 +80,25 @@ SELF_FENCED = "fenced itself"  # the runner's own lease ran out: it started noth
 
 
 class DrillReport(msgspec.Struct):
-    """What the drill found; ``ok`` is False when any invariant failed."""
+    """What the drill found; ``ok`` is False when any invariant failed.
+
+    The ownership fields (SPEC 6): ``faults_injected`` is ``crashes_injected`` (SIGKILLs)
+    plus ``pauses_injected`` (SIGSTOPs past the lease; ``pauses_backed_off`` were let go at
+    once because the frozen worker held a lock every worker needs, see _WriteLockProbe).
+    ``takeovers`` counts claims by workers (by cause: after a kill, a pause, or of an owner
+    alive and not frozen whose lease ran out; a worker that left a run it had fenced itself
+    off is the rest); ``takeovers_at_end`` the person's claims, for review.
+    ``zombie_appends_refused`` counts runs a woken worker found fenced by the journal
+    (LeaseLost), ``self_fenced`` runs it stopped itself (its lease ran out);
+    ``zombie_appends_accepted`` CallSucceeded events recorded at an epoch that did not
+    execute them. ``zombie_executions`` counts attempts (done or refused downstream,
+    ``late_attempts_refused``) that started after a later epoch claimed their run.
+    ``epoch_mismatches`` counts side effects run under an epoch their worker never held,
+    ``epoch_gaps`` claims that did not raise the epoch by one. ``acks_lost`` counts results
+    a worker was given whose RunFinished is not in the journal. ``max_unowned_s`` is the
+    longest time from a worker's death or freeze (or exit) to the claim of a run it left,
+    checked against ``unowned_bound_s``: lease + claim interval (lease / 2) + SLACK_S.
+    """
 
     runs: int
     crashes_injected: int = 0
@@ -120,6 +140,7 @@ class DrillReport(msgspec.Struct):
     worker_errors: int = 0
     max_unowned_s: float = 0.0
     unowned_bound_s: float = 0.0
+    takeovers_over_bound: int = 0
     notes: list[str] = msgspec.field(default_factory=list)
 
     @property
@@ -786,6 +807,7 @@ def _pause(life: _Life, probe: _WriteLockProbe, rng: random.Random, lease_s: flo
     stopped = time.time()
     if not probe.free(WRITE_LOCK_PROBE_S, lambda: life.signal(signal.SIGCONT)):
         report.pauses_backed_off += 1
+        _fault(life.out.parent.parent, "backoff", life, stopped)
         return False
     life.pauses.append([stopped, 0.0])
     _fault(life.out.parent.parent, "pause", life, stopped)
@@ -938,6 +960,7 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
                         not in finished_by.get(n["run_id"], []):
                     report.acks_lost += 1
     report.max_unowned_s = round(max(unowned, default=0.0), 3)
+    report.takeovers_over_bound = sum(u > report.unowned_bound_s for u in unowned)
     (base / "takeovers.jsonl").write_text("".join(json.dumps(t) + "\n" for t in takeovers))
     (base / "lives.jsonl").write_text("".join(json.dumps(
         {"worker": life.name, "owner": life.owner, "killed_at": life.killed_at,

@@ -50,7 +50,8 @@ __all__ = [
     "load_events", "RunSummary", "list_runs", "TimelineRow", "Timeline", "timeline",
     "Rebuilt", "rebuild", "Divergence", "CheckReport", "check", "recorded_budget",
     "PruneReport", "prune", "export_lines", "event_name", "event_type", "describe",
-    "owner_alive", "RecordedModelError", "recoverable", "ChainReport", "verify_chains",
+    "owner_alive", "state_word", "RunList", "find_runs", "run_children", "run_timeline",
+    "RecordedModelError", "recoverable", "ChainReport", "verify_chains",
     "key_file_warning", "CompactReport", "compact", "verify_journal",
 ]
 
@@ -198,6 +199,36 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     parent_run_id: str | None
     owner: str
     unresolved: int
+    #: How deep the run sits under the listed runs (``list_runs(tree=True)``; else 0).
+    depth: int = 0
+
+
+class RunList(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``find_runs`` found: the runs, how many the journal holds, and whether more runs
+    matched than ``last`` let through."""
+
+    runs: list[RunSummary]
+    total: int
+    more: bool
+    newest_ts: float | None
+
+
+#: What ``show`` and ``replay`` say of a run with no RunFinished event, by its state word.
+OPEN_EXPLANATIONS = {
+    "running": "The run is in flight: its runner is alive.",
+    "interrupted": "The run has no RunFinished event and its runner is gone; "
+                   "`boundloop recover` lists what it left unresolved.",
+}
+
+
+def state_word(finished: bool, status: str, owner: str, owners: dict[str, OwnerRecord],
+               now: float | None = None) -> str:
+    """The one word for a run's state, the same in ``runs``, ``show`` and ``replay``: its
+    status when it finished, else ``running`` (its owner is alive) or ``interrupted`` (its
+    owner is gone)."""
+    if finished:
+        return status
+    return "running" if owner_alive(owner, owners, now) else "interrupted"
 
 
 def owner_alive(owner: str, owners: dict[str, OwnerRecord], now: float | None = None) -> bool:
@@ -219,13 +250,8 @@ def recoverable(journal: Journal) -> list[RecoveredRun]:
 
 def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) -> RunSummary:
     state = replay(e for _, e in journal.read(info.run_id))
-    status, explanation = state.status, state.explanation
-    if not state.finished:
-        alive = owner_alive(state.owner, owners)
-        status = "running" if alive else "interrupted"
-        explanation = ("The run is in flight." if alive else
-                       "The run has no RunFinished event and its runner is gone; "
-                       "`boundloop recover` takes it over.")
+    status = state_word(state.finished, state.status, state.owner, owners)
+    explanation = state.explanation if state.finished else OPEN_EXPLANATIONS[status]
     return RunSummary(run_id=info.run_id, status=status, exhausted_limit=state.exhausted_limit,
                       model_steps=state.model_steps, tool_calls=state.tool_calls,
                       usage=state.usage, explanation=explanation, created_ts=info.created_ts,
@@ -234,10 +260,28 @@ def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) ->
                       unresolved=len(state.unresolved))
 
 
+def _infos(journal: Journal) -> list[RunInfo]:
+    """Every run's index entry (no event is read)."""
+    infos = getattr(journal, "infos", None)
+    if callable(infos):
+        return list(infos())
+    return [i for i in (journal.find(r) for r in journal.runs()) if i is not None]
+
+
 def list_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterable[str] = (),
               since_s: float | None = None, older_than_s: float | None = None,
-              last: int | None = None, now: float | None = None) -> list[RunSummary]:
-    """The journal's runs, newest first, filtered.
+              last: int | None = None, tree: bool = False,
+              now: float | None = None) -> list[RunSummary]:
+    """The journal's runs, newest first, filtered (``find_runs(...).runs``)."""
+    return find_runs(journal, status=status, limit_hit=limit_hit, since_s=since_s,
+                     older_than_s=older_than_s, last=last, tree=tree, now=now).runs
+
+
+def find_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterable[str] = (),
+              since_s: float | None = None, older_than_s: float | None = None,
+              last: int | None = None, tree: bool = False,
+              now: float | None = None) -> RunList:
+    """The journal's runs, newest first, filtered; only the runs listed are replayed.
 
     Args:
         status: keep runs with one of these statuses (see ``STATUSES``); empty keeps all.
@@ -245,31 +289,85 @@ def list_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterab
             every limit); empty keeps all.
         since_s: keep runs started less than this many seconds ago.
         older_than_s: keep runs started more than this many seconds ago.
-        last: at most this many runs.
+        last: at most this many runs (with ``tree``: this many top-level runs, each with
+            the runs under it).
+        tree: put each child run right under its parent (oldest child first) when the
+            parent is listed too, with ``depth`` one more than the parent's.
         now: the current time (epoch seconds; default: the clock).
     """
     now = time.time() if now is None else now
     wanted, limits = set(status), set(limit_hit)
     owners = journal.owners()
-    infos = [i for i in (journal.find(r) for r in journal.runs()) if i is not None]
-    out: list[RunSummary] = []
-    for info in sorted(infos, key=lambda i: i.order, reverse=True):
-        if last is not None and len(out) >= last:
-            break
+    infos = sorted(_infos(journal), key=lambda i: i.order, reverse=True)
+    newest = max((i.created_ts for i in infos), default=None)
+
+    def listed(info: RunInfo) -> RunSummary | None:
         if since_s is not None and info.created_ts < now - since_s:
-            continue
+            return None
         if older_than_s is not None and info.created_ts >= now - older_than_s:
-            continue
+            return None
         if wanted and info.status is not None and info.status not in wanted:
-            continue
+            return None
         summary = _summary(journal, info, owners)
         if wanted and summary.status not in wanted:
-            continue
+            return None
         if limits and (summary.exhausted_limit is None or
                        not ({"any", summary.exhausted_limit} & limits)):
+            return None
+        return summary
+
+    out: list[RunSummary] = []
+    more = False
+    if not tree:
+        for info in infos:
+            summary = listed(info)
+            if summary is None:
+                continue
+            if last is not None and len(out) >= last:
+                more = True
+                break
+            out.append(summary)
+        return RunList(runs=out, total=len(infos), more=more, newest_ts=newest)
+    by_id = {i.run_id: i for i in infos}
+    kids: dict[str, list[RunInfo]] = {}
+    for info in reversed(infos):  # oldest first
+        parent = info.parent_run_id
+        if parent is not None and parent in by_id and parent != info.run_id:
+            kids.setdefault(parent, []).append(info)
+    seen: set[str] = set()
+    tops = 0
+    for root in infos:
+        parent = root.parent_run_id
+        if parent is not None and parent in by_id and parent != root.run_id:
+            continue  # listed under its parent
+        family: list[RunSummary] = []
+        stack = [(root, 0)]
+        while stack:
+            info, depth = stack.pop()
+            if info.run_id in seen:
+                continue
+            seen.add(info.run_id)
+            summary = listed(info)
+            if summary is not None:
+                family.append(msgspec.structs.replace(summary, depth=depth))
+            below = depth + (summary is not None)
+            stack.extend((k, below) for k in reversed(kids.get(info.run_id, [])))
+        if not family:
             continue
-        out.append(summary)
-    return out
+        if last is not None and tops >= last:
+            more = True
+            break
+        tops += 1
+        out.extend(family)
+    return RunList(runs=out, total=len(infos), more=more, newest_ts=newest)
+
+
+def run_children(journal: Journal, run_id: str) -> list[RunSummary]:
+    """The runs started by ``run_id`` (its direct children), oldest first."""
+    owners = journal.owners()
+    infos = sorted((i for i in _infos(journal) if i.parent_run_id == run_id
+                    and i.run_id != run_id), key=lambda i: i.order)
+    return [_summary(journal, i, owners) for i in infos]
 
 
 # -- show --------------------------------------------------------------------------------
@@ -312,6 +410,10 @@ class Timeline(msgspec.Struct, kw_only=True):
     rows: list[TimelineRow]
     completed: list[CompletedAction]
     unresolved: list[UnresolvedAction]
+    #: The runner that owns the run (its last OwnerClaimed, else its RunAdmitted).
+    owner: str = ""
+    #: The runs it started, oldest first (``run_timeline``; ``timeline`` leaves it empty).
+    children: list[RunSummary] = msgspec.field(default_factory=list)
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -398,9 +500,14 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
     return row
 
 
-def timeline(events: Iterable[ev.Event]) -> Timeline:
+def timeline(events: Iterable[ev.Event],
+             owners: dict[str, OwnerRecord] | None = None) -> Timeline:
     """The run's timeline: each event with its time offset, step, call, decision, outcome,
     latency and the counters after it; then how the run ended.
+
+    With ``owners`` (``journal.owners()``), a run with no RunFinished event is ``running``
+    or ``interrupted`` as in ``list_runs`` (see ``state_word``); without, the fold's
+    ``running``.
 
     Raises:
         ReplayError: the events do not make a run.
@@ -412,12 +519,29 @@ def timeline(events: Iterable[ev.Event]) -> Timeline:
         t0 = event.ts if t0 is None else t0
         apply(state, event)
         rows.append(_row(seq, event, state, t0))
-    return Timeline(run_id=state.run_id, status=state.status, finished=state.finished,
-                    exhausted_limit=state.exhausted_limit, explanation=state.explanation,
+    status, explanation = state.status, state.explanation
+    if owners is not None and not state.finished:
+        status = state_word(False, status, state.owner, owners)
+        explanation = OPEN_EXPLANATIONS[status]
+    return Timeline(run_id=state.run_id, status=status, finished=state.finished,
+                    exhausted_limit=state.exhausted_limit, explanation=explanation,
                     model_steps=state.model_steps, tool_calls=state.tool_calls,
                     usage=state.usage, budget=state.budget, started_ts=state.started_ts,
                     elapsed_s=state.elapsed_s, parent_run_id=state.parent_run_id, rows=rows,
-                    completed=state.completed, unresolved=state.unresolved)
+                    completed=state.completed, unresolved=state.unresolved, owner=state.owner)
+
+
+def run_timeline(journal: Journal, run_id: str) -> Timeline:
+    """``timeline`` of the journal's run ``run_id``, with its state word (``running`` or
+    ``interrupted`` while it has no RunFinished event) and the runs it started.
+
+    Raises:
+        UnknownRun: the journal holds no such run.
+        ReplayError: the events do not make a run.
+    """
+    tl = timeline(read_events(journal, run_id), journal.owners())
+    tl.children = run_children(journal, run_id)
+    return tl
 
 
 # -- replay ------------------------------------------------------------------------------

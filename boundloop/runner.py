@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import getpass
 import os
 import socket
@@ -112,7 +113,8 @@ class Runner:
     """Runs LLM tool loops under hard budgets, journaling every intent before its effect.
 
     Args:
-        journal: a journal directory (LMDB, created ``0700`` if absent) or a Journal.
+        journal: a journal directory (LMDB, created ``0700`` if absent), a
+            ``postgresql://`` URL (PostgreSQL, SPEC 12), or a Journal.
         read_only: deny every tool not marked ``read_only`` (a safe first rollout).
         max_in_flight: runs in flight at once; more are ``rejected``.
         supervisors: supervisor actors (runs are sharded across them by id).
@@ -159,15 +161,27 @@ class Runner:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
         self._owns_journal = not isinstance(journal, Journal)
+        url: str | None = None
+        if isinstance(journal, str) and "://" in journal:
+            from boundloop.journal import postgres  # psycopg is imported only for a URL
+            url = journal if postgres.url_scheme(journal) else None
         if not isinstance(journal, Journal):
-            keys.given_key(redaction_key, Path(journal))  # a refused key creates no journal
-        self._journal: Journal = journal if isinstance(journal, Journal) else \
-            lmdb_journal.acquire(journal, sync=sync)
+            # A refused key creates no journal.
+            keys.given_key(redaction_key, None if url else Path(journal))
+        if isinstance(journal, Journal):
+            self._journal: Journal = journal
+        elif url is not None:
+            # postgresql:// (SPEC 12); any other scheme is a ConfigError naming those.
+            self._journal = postgres.open_url(url, sync=sync)
+        else:
+            self._journal = lmdb_journal.acquire(journal, sync=sync)
         try:
             keys.bind(self._journal, redaction_key)  # refused before anything is written
         except BaseException:
             if self._owns_journal and isinstance(self._journal, LmdbJournal):
                 lmdb_journal.release(self._journal)
+            elif self._owns_journal:
+                self._journal.close()
             raise
         self.read_only = read_only
         self.estimator = estimator
@@ -179,6 +193,9 @@ class Runner:
                               f"{lease_s!r}")
         self.lease_s = float(lease_s)
         self._lease_until = 0.0  # the lease as last made durable
+        # One more each time a renewal finds the lease had lost its margin: another runner
+        # may have judged this one gone meanwhile, so runs started before never go on.
+        self._lapses = 0
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tokens: dict[str, CancelToken] = {}
         self._futures: dict[str, Future[RunResult]] = {}
@@ -205,11 +222,14 @@ class Runner:
 
     # -- ownership ---------------------------------------------------------------------
     def _register(self) -> None:
-        until = time.time() + self.lease_s
+        now = time.time()
+        until = now + self.lease_s
         try:
             self._journal.put_owner(this_process(self.owner, until))
         except JournalError:
             return  # not renewed: once the margin is gone, this runner stops starting work
+        if self._lease_until and now + self.lease_s / 3 > self._lease_until:
+            self._lapses += 1
         self._lease_until = until
 
     def _renew(self) -> None:
@@ -217,11 +237,15 @@ class Runner:
         while not self._stop_renewing.wait(self.lease_s / 3):
             self._register()
 
-    def lease_ok(self) -> bool:
+    def lease_ok(self, since: int | None = None) -> bool:
         """True while this runner's lease has at least a third of ``lease_s`` left: it starts
         no model call and no attempt otherwise (a paused or partitioned runner fences
         itself: by the time another runner may judge it gone, it has stopped starting
-        work)."""
+        work). With ``since`` (the lapse count when a run started here), also False once
+        the lease has lapsed since: a renewed lease does not give back runs that another
+        runner may have claimed meanwhile."""
+        if since is not None and since != self._lapses:
+            return False
         return time.time() + self.lease_s / 3 <= self._lease_until
 
     def _owner_gone(self, owner: str, owners: dict[str, OwnerRecord]) -> bool:
@@ -451,7 +475,8 @@ class Runner:
             run_id=check_run_id(run_id) if run_id is not None else uuid.uuid4().hex,
             model=model, tools=_tools(tools), budget=budget, history=messages,
             cancel=cancel or CancelToken(), secret_key=self._journal.secret_key,
-            clock=self.clock, owner=self.owner, lease_ok=self.lease_ok, permit=permit,
+            clock=self.clock, owner=self.owner,
+            lease_ok=functools.partial(self.lease_ok, self._lapses), permit=permit,
             read_only=self.read_only, price=self.price, estimator=self.estimator,
             run_child=self._run_child, **extra)
 
@@ -591,6 +616,8 @@ class Runner:
             pass
         if self._owns_journal and isinstance(self._journal, LmdbJournal):
             lmdb_journal.release(self._journal)
+        elif self._owns_journal:
+            self._journal.close()
 
     def __enter__(self) -> Runner:
         return self

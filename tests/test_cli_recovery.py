@@ -79,7 +79,7 @@ def test_journal_option_before_the_command_and_positional_outcome(tmp_path: Path
     assert demo.returncode == 0, demo.stderr
     assert demo.stderr == ""  # no stray tracebacks from late handler completions
     listed = boundloop("--journal", str(journal), "runs", "--json")
-    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 9
+    assert listed.returncode == 0 and len(json.loads(listed.stdout)) == 14  # 15 rows, 14 runs
     died = subprocess.run([sys.executable, str(WORKER), str(journal), str(ledger), "book",
                            "--die"], capture_output=True, text=True, timeout=60)
     assert died.returncode == -9
