@@ -77,7 +77,8 @@ def journal_dir(value: str | os.PathLike[str] | None = None) -> str:
 
 def open_journal(path: str | os.PathLike[str] | None = None, *,
                  create: bool = False, readonly: bool = False) -> Journal:
-    """Open the LMDB journal in ``path`` (see ``journal_dir``) for inspection.
+    """Open the LMDB journal in ``path`` (see ``journal_dir``), or the PostgreSQL journal a
+    ``postgresql://`` URL names, for inspection.
 
     With ``readonly`` nothing is written, created or chmodded, and no write lock is taken,
     so it never waits for a writer (SPEC 6: commands that only read).
@@ -89,7 +90,14 @@ def open_journal(path: str | os.PathLike[str] | None = None, *,
     """
     from boundloop.journal.lmdb import LmdbJournal
 
-    where = Path(journal_dir(path))
+    value = journal_dir(path)
+    if "://" in value:
+        from boundloop.journal import postgres  # psycopg is imported only for a URL
+
+        if postgres.url_scheme(value):
+            # postgresql:// (SPEC 12); any other scheme is a ConfigError naming those.
+            return postgres.open_url(value, readonly=readonly, create=create and not readonly)
+    where = Path(value)
     if not create:
         hint = "pass the right --journal or set $BOUNDLOOP_JOURNAL"
         if not where.exists():
@@ -1184,23 +1192,24 @@ def _chain_reports(journal: Journal, run_ids: Sequence[str] = (), listed: Any = 
     from boundloop.journal import chain
     from boundloop.journal.lmdb import LmdbJournal
 
-    if not isinstance(journal, LmdbJournal):
-        raise ConfigError("only an LMDB journal keeps a hash chain to verify")
-    ids = list(run_ids) if run_ids or not runs else journal.indexed_run_ids()
+    if not isinstance(journal, LmdbJournal) and not hasattr(journal, "chain_head"):
+        raise ConfigError("this journal keeps no hash chain to verify")
+    chained: Any = journal  # LMDB or PostgreSQL: both keep the chain
+    ids = list(run_ids) if run_ids or not runs else chained.indexed_run_ids()
     if listed is not None:
         listed(ids)
-    yield from _check_runs(journal, ids, listed_by_user=bool(run_ids))
+    yield from _check_runs(chained, ids, listed_by_user=bool(run_ids))
     if runs and not run_ids:
         known = set(ids)
         try:
-            recorded = journal.recorded_run_ids()
+            recorded = chained.recorded_run_ids()
         except JournalCorrupt as exc:
             recorded = []
             yield ChainReport(run_id="(records)", head=None, ok=False, error=str(exc))
-        yield from _check_runs(journal, [r for r in recorded if r not in known],
+        yield from _check_runs(chained, [r for r in recorded if r not in known],
                                listed_by_user=False)
     if not run_ids if indexes is None else indexes:
-        for index in (journal.infos, journal.open_runs):
+        for index in (chained.infos, chained.open_runs):
             try:
                 list(index())
             except chain.ChainError as exc:

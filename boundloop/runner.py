@@ -209,7 +209,7 @@ class Runner:
         if telemetry is not None and not isinstance(telemetry, Telemetry):
             raise ConfigError(f"telemetry must be a bl.Telemetry, got {telemetry!r}")
         self.telemetry = telemetry if telemetry is not None else Telemetry()
-        if isinstance(self._journal, LmdbJournal):
+        if hasattr(self._journal, "on_commit"):  # both backends time their commits
             self._journal.on_commit = self.telemetry.journal_commit
         self._workers = Workers(model_threads, tool_threads, self.clock, max_threads)
         self._executor = ExecutorActor.start(self._workers)
