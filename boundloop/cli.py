@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 import click
 import msgspec
 
-from boundloop.errors import BoundloopError, JournalError, UnknownRun
+from boundloop.errors import BoundloopError, JournalError, JournalUnavailable, UnknownRun
 from boundloop.policy.replay import ReplayError
 
 EXIT_OK = 0
@@ -58,8 +58,9 @@ def journal_dir(value: str | None) -> str:
 
 
 journal_option = click.option(
-    "--journal", "journal", default=None, metavar="DIR",
-    help="Journal directory (default: $BOUNDLOOP_JOURNAL or ./.boundloop).")
+    "--journal", "journal", default=None, metavar="DIR|URL",
+    help="Journal directory, or a postgresql:// URL (default: $BOUNDLOOP_JOURNAL or "
+         "./.boundloop).")
 
 
 def json_option(what: str) -> Callable[[F], F]:
@@ -805,9 +806,13 @@ def compact(journal: str | None, as_json: bool) -> None:
     Refused while a runner or any other process has the journal open."""
     from boundloop.inspect import compact as do_compact
 
+    where = journal_dir(journal)
+    if "://" in where:
+        raise JournalUnavailable(f"compact rewrites an LMDB journal; {where.split('://')[0]} "
+                                 "journals reclaim space by themselves (PostgreSQL: VACUUM)")
     out = _Out()
     with _progress(out, "compacting the journal"):
-        report = do_compact(journal_dir(journal))
+        report = do_compact(where)
     if as_json:
         _echo_json(report)
         return
