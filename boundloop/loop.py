@@ -185,6 +185,10 @@ class EstimatorFailed(Exception):
     """The runner's estimator raised or returned something unusable (ends the run)."""
 
 
+class EstimatorAbandoned(Exception):
+    """The estimator was still running at the deadline, or the run was cancelled first."""
+
+
 def _permits(permit: Permit, calls: list[tuple[ToolCall, Tool]], ctx: ModelContext) -> list[Any]:
     """Every verdict of ``permit`` for a batch, in order (an exception stands for itself)."""
     verdicts: list[Any] = []
@@ -555,12 +559,20 @@ class Driver:
             return priced(usage, spec.price)
         reply = yield CallUser(spec.estimator, (copy_history(self.state.transcript),
                                                 spec.model), self.deadline, spec.cancel)
+        if reply.abandoned is not None:
+            raise EstimatorAbandoned(reply.abandoned)
         estimate = reply.response
         if isinstance(estimate, int) and not isinstance(estimate, bool):
-            estimate = Usage(input_tokens=estimate)
+            estimate = Usage(input_tokens=estimate) if estimate >= 0 else None
+        if isinstance(estimate, Usage):
+            try:  # a Usage made directly is not checked: negative counts would pass limits
+                estimate = msgspec.convert(msgspec.to_builtins(estimate), Usage)
+            except (msgspec.ValidationError, TypeError, ValueError):
+                estimate = None
         if reply.error is not None or not isinstance(estimate, Usage):
             why = f"raised {describe_exception(reply.error)}" if reply.error else \
-                f"returned {type(estimate).__name__}, not a bl.Usage or an int of input tokens"
+                "returned something other than a bl.Usage or an int of input tokens " \
+                "(counts must be whole numbers >= 0)"
             raise EstimatorFailed(f"the runner's estimator {why}")
         return priced(estimate, spec.price)
 
@@ -585,6 +597,11 @@ class Driver:
             reservation = yield from self.reservation()
         except EstimatorFailed as exc:
             return decide.Stop("model_error", detail=journal_safe(str(exc)))
+        except EstimatorAbandoned as exc:
+            if str(exc) == "deadline":
+                return decide.Stop("limit_exceeded", "deadline",
+                                   "The step's estimate was not ready before the deadline.")
+            return decide.Stop("cancelled", detail="The step's estimate was not awaited.")
         stop = decide.before_model(st, budget, cancelled=spec.cancel.cancelled,
                                    deadline_passed=self.deadline_passed(),
                                    reservation=reservation)

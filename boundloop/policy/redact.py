@@ -509,6 +509,12 @@ class Scrubber:
                 stripped = item.strip()
                 if stripped != item:
                     self._remember(stripped, item)
+                # "Bearer <token>", "user:pass": the secret part alone may be repeated
+                # elsewhere (a denial reason quoting the token); remember the parts too.
+                if not _placeholder(stripped) and not stripped.startswith(PREFIX):
+                    for part in re.split(r"[\s:=]+", stripped):
+                        if part != stripped and len(part) >= 8 and not _placeholder(part):
+                            self._remember(part, item)
             elif isinstance(item, int | float) and not isinstance(item, bool):
                 self._remember(str(item), item)
             elif isinstance(item, dict | list | tuple) and level <= MAX_DEPTH:

@@ -1,0 +1,68 @@
+"""Failures an attacker pass found (SPEC 5 step 1, SPEC 9), each a test."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import boundloop as bl
+from boundloop import events as ev
+
+
+def test_the_secret_part_of_a_redacted_value_is_scrubbed_from_later_text(
+        tmp_path: Path) -> None:
+    token = "S3cr3tbearerZq9x7Vw"
+
+    @bl.tool()
+    def toks(headers: dict[str, str]) -> str:
+        return "x"
+
+    def model(history: list[bl.Message], ctx: bl.ModelContext) -> Any:
+        if ctx.step == 1:
+            return bl.CallTools([bl.ToolCall("g", "toks",
+                                             {"headers": {"Authorization": "Bearer " + token}})])
+        return bl.Final("ok")
+
+    def permit(call: bl.ToolCall, tool: bl.Tool, ctx: bl.ModelContext) -> str:
+        return "denied because the header has " + token
+
+    where = tmp_path / "j"
+    with bl.Runner(where) as runner:
+        result = runner.run(model=model, tools=[toks], prompt="p", permit=permit, run_id="s")
+        events = list(runner.journal.events("s"))
+    assert result.status == "final"
+    [decided] = [e for e in events if isinstance(e, ev.CallDecided)]
+    assert decided.decision == "denied" and token not in decided.reason
+    assert "hmac-sha256:" in decided.reason
+    assert token.encode() not in (where / "data.mdb").read_bytes()
+
+
+@pytest.mark.parametrize("estimate", [-10**9, bl.Usage(input_tokens=-5),
+                                      bl.Usage(output_tokens=-1)])
+def test_a_negative_estimate_is_refused(tmp_path: Path, estimate: Any) -> None:
+    with bl.Runner(tmp_path / "j", estimator=lambda h, m: estimate) as runner:
+        result = runner.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p",
+                            budget=bl.Budget(max_input_tokens=100))
+    assert (result.status, result.model_steps) == ("model_error", 0)
+    assert "estimator" in result.explanation and result.usage.input_tokens >= 0
+
+
+def test_an_estimator_still_running_at_the_deadline_is_the_deadline(tmp_path: Path) -> None:
+    stop = threading.Event()
+
+    def slow(history: list[bl.Message], model: Any) -> int:
+        stop.wait(30)
+        return 10
+
+    try:
+        with bl.Runner(tmp_path / "j", estimator=slow) as runner:
+            result = runner.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p",
+                                budget=bl.Budget(deadline_s=0.5))
+    finally:
+        stop.set()
+    assert (result.status, result.exhausted_limit, result.model_steps) == \
+        ("limit_exceeded", "deadline", 0)
+    assert result.elapsed_s < 3
