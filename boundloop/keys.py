@@ -73,6 +73,7 @@ import os
 import re
 import secrets
 import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -483,3 +484,55 @@ def adoptable_legacy_key(journal_dir: Path) -> bytes | None:
     finally:
         os.close(fd)
     return data if len(data) == MIN_KEY_BYTES and any(data) else None
+
+
+class KeyedJournal:
+    """The key half of a journal backend: ``bind_key`` and ``secret_key`` (SPEC 9), over
+    the backend's own ``_read_key`` (a reader's key: writes nothing) and ``_load_key`` (a
+    writer's: records the journal id and the fingerprint). Mixed in before ``Journal``."""
+
+    readonly: bool
+    _key: bytes | None
+    _key_lock: threading.Lock
+
+    def _read_key(self) -> bytes:
+        raise NotImplementedError
+
+    def _load_key(self, source: KeySource | None = None) -> bytes:
+        raise NotImplementedError
+
+    def _key_place(self) -> tuple[Path | None, str]:
+        """The journal directory (None for a database) and how messages name the journal."""
+        raise NotImplementedError
+
+    def bind_key(self, source: KeySource | None) -> bytes:
+        """Use the key ``source`` gives (``bl.Runner(redaction_key=...)``; None: the
+        environment variable or the state directory), checked against the journal's
+        fingerprint. A journal that already has its key (another Runner in this process
+        bound it) keeps it: ``source`` must then be the same key.
+
+        Raises:
+            ConfigError: the key is refused, or is not the journal's.
+        """
+        with self._key_lock:
+            if self._key is None:
+                self._key = self._load_key(source)
+                return self._key
+            key = self._key
+        directory, where = self._key_place()
+        given = given_key(source, directory, env=False)
+        if given is not None:
+            check_fingerprint(given[0], fingerprint(key), given[1], where)
+        return key
+
+    @property
+    def secret_key(self) -> bytes:
+        """The key redacted values are digested under (resolved on first use). A read-only
+        open without the journal's key gets a random one."""
+        key = self._key
+        if key is None:
+            with self._key_lock:
+                if self._key is None:
+                    self._key = self._read_key() if self.readonly else self._load_key()
+                key = self._key
+        return key

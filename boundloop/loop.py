@@ -249,16 +249,6 @@ def idempotency_key(run_id: str, call_id: str) -> str:
     return hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:32]
 
 
-def needs_review(actions: list[str]) -> decide.Stop:
-    """The stop for actions only a person can settle."""
-    return decide.Stop("needs_review", detail="Unresolved: " + "; ".join(actions) + ".")
-
-
-def needs_review_internal(detail: str) -> decide.Stop:
-    """The stop for a run that boundloop itself failed to drive."""
-    return decide.Stop("needs_review", detail=detail)
-
-
 class Driver:
     """One run's orchestration: ``run()`` is the generator of effects; the supervisor may
     also ask it for the events of an attempt that starts mid-batch (``attempt_events``)
@@ -466,7 +456,7 @@ class Driver:
                 else:
                     self.record(outcome)
         if review:
-            return needs_review(review)
+            return decide.needs_review(review)
         if st.round_calls:
             self.emit(ev.RoundCompleted, step=st.model_steps)
         return None
@@ -544,7 +534,7 @@ class Driver:
         self.pending = []
         detail = journal_safe(f"boundloop failed while driving the run "
                               f"({describe_exception(exc)}); a person should review it.")
-        return (yield from self.finish(needs_review_internal(detail)))
+        return (yield from self.finish(decide.Stop("needs_review", detail=detail)))
 
     def deadline_passed(self) -> bool:
         return self.deadline is not None and self.clock.monotonic() >= self.deadline

@@ -375,7 +375,7 @@ class _Request(msgspec.Struct):
     fence: Fence | None = None
 
 
-class LmdbJournal(Journal):
+class LmdbJournal(keys.KeyedJournal, Journal):
     """A journal in an LMDB environment in directory ``path`` (created ``0700`` if absent).
 
     Args:
@@ -649,36 +649,8 @@ class LmdbJournal(Journal):
             keys.check_fingerprint(key, raced, "this runner", str(self.path), journal_id)
         return key
 
-    def bind_key(self, source: keys.KeySource | None) -> bytes:
-        """Use the key ``source`` gives (``bl.Runner(redaction_key=...)``; None: the
-        environment variable or the state directory, see ``boundloop.keys``), checked
-        against the journal's fingerprint. A journal that already has its key (another
-        Runner in this process bound it) keeps it: ``source`` must then be the same key.
-
-        Raises:
-            ConfigError: the key is refused, or is not the journal's.
-        """
-        with self._key_lock:
-            if self._key is None:
-                self._key = self._load_key(source)
-                return self._key
-            key = self._key
-        given = keys.given_key(source, self.path, env=False)
-        if given is not None:
-            keys.check_fingerprint(given[0], keys.fingerprint(key), given[1], str(self.path))
-        return key
-
-    @property
-    def secret_key(self) -> bytes:
-        """The key redacted values are digested under (resolved on first use; see
-        ``boundloop.keys``). A read-only open without the journal's key gets a random one."""
-        key = self._key
-        if key is None:
-            with self._key_lock:
-                if self._key is None:
-                    self._key = self._read_key() if self.readonly else self._load_key()
-                key = self._key
-        return key
+    def _key_place(self) -> tuple[Path | None, str]:
+        return self.path, str(self.path)
 
     @property
     def closed(self) -> bool:

@@ -72,6 +72,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -337,7 +338,7 @@ class _Outcome(msgspec.Struct):
     proofs: list[tuple[int, str, int, bytes]]
 
 
-class PostgresJournal(Journal):
+class PostgresJournal(keys.KeyedJournal, Journal):
     """A journal in a PostgreSQL database (SPEC 12; see the module's docstring).
 
     Args:
@@ -626,33 +627,8 @@ class PostgresJournal(Journal):
             keys.check_fingerprint(key, raced, "this runner", self.name, journal_id)
         return key
 
-    def bind_key(self, source: keys.KeySource | None) -> bytes:
-        """Use the key ``source`` gives, checked against the journal's fingerprint (as
-        ``LmdbJournal.bind_key``; the state-directory key file is named by the journal id
-        kept in ``boundloop_meta``).
-
-        Raises:
-            ConfigError: the key is refused, or is not the journal's.
-        """
-        with self._key_lock:
-            if self._key is None:
-                self._key = self._load_key(source)
-                return self._key
-            key = self._key
-        given = keys.given_key(source, None, env=False)
-        if given is not None:
-            keys.check_fingerprint(given[0], keys.fingerprint(key), given[1], self.name)
-        return key
-
-    @property
-    def secret_key(self) -> bytes:
-        key = self._key
-        if key is None:
-            with self._key_lock:
-                if self._key is None:
-                    self._key = self._read_key() if self.readonly else self._load_key()
-                key = self._key
-        return key
+    def _key_place(self) -> tuple[Path | None, str]:
+        return None, self.name
 
     # -- lifecycle -----------------------------------------------------------------------
     @property

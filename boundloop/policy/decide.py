@@ -491,6 +491,12 @@ def calls_decided(state: RunState, batch: CallTools, plans: list[CallPlan], *,
     return events
 
 
+def needs_review(actions: list[str]) -> Stop:
+    """SPEC 6: actions only a person can settle (an irreversible one whose outcome is
+    unknown, or what recovery could not reconcile or retry) end the run ``needs_review``."""
+    return Stop("needs_review", detail="Unresolved: " + "; ".join(actions) + ".")
+
+
 def round_ended(state: RunState, *, review: list[str], skipped: list[str], cancelled: bool,
                 now: Now) -> tuple[list[ev.Event], Stop | None]:
     """SPEC 5.10-11: once every call of the round has an outcome, its calls and results
@@ -498,7 +504,7 @@ def round_ended(state: RunState, *, review: list[str], skipped: list[str], cance
     irreversible action's outcome is unknown (``needs_review``: the round stays open until
     a person resolves it), or calls were kept from running (why decides the status)."""
     if review:
-        return [], Stop("needs_review", detail="Unresolved: " + "; ".join(review) + ".")
+        return [], needs_review(review)
     events: list[ev.Event] = [ev.RoundCompleted(run_id=now.run_id, ts=now.ts,
                                                 elapsed_s=now.elapsed_s,
                                                 step=state.model_steps)]
