@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import abc
+import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import msgspec
 
@@ -87,6 +89,32 @@ def check_run_id(run_id: object) -> str:
         raise ConfigError(f"a run id may be at most 256 bytes of UTF-8, and this one has "
                           f"{size}; use a shorter id (a hash of a long one, for example)")
     return run_id
+
+
+T = TypeVar("T")
+
+
+def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[T]]:
+    """Group commit's batching, for a backend's writer thread: each batch is the request it
+    waited for plus every one queued meanwhile (at most ``limit``); ends at a None."""
+    while True:
+        first = requests.get()
+        if first is None:
+            return
+        batch = [first]
+        stop = False
+        while len(batch) < limit:
+            try:
+                nxt = requests.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is None:
+                stop = True
+                break
+            batch.append(nxt)
+        yield batch
+        if stop:
+            return
 
 
 class Journal(abc.ABC):

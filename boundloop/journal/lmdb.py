@@ -59,6 +59,7 @@ from boundloop.journal.base import (
     Journal,
     OwnerRecord,
     RunInfo,
+    batches,
     check_run_id,
     valid_run_id,
 )
@@ -707,24 +708,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             done(exc)
 
     def _write_loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                break
-            batch = [first]
-            stop = False
-            while len(batch) < MAX_BATCH:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                batch.append(nxt)
+        for batch in batches(self._queue, MAX_BATCH):
             self._commit(batch)
-            if stop:
-                break
         self._fail_pending()
 
     def _fail_pending(self) -> None:
