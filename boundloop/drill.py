@@ -64,8 +64,7 @@ TOOLS = ("charge", "ship", "book")
 ARGS: dict[str, dict[str, Any]] = {"charge": {"amount": 7}, "ship": {"item": "parcel"},
                                    "book": {"room": "r1"}}
 #: A takeover may come this much later than lease + claim interval on a loaded machine: a
-#: sweep reads every open run, a worker that just started needs ~0.5 s to sweep, and the
-#: takeover of a worker killed while the others were frozen waits for a new one.
+#: sweep reads every open run, and a worker that just said it is ready needs ~0.5 s to sweep.
 SLACK_S = 1.0
 #: Pauses last this many leases (some end before a takeover, most after one).
 PAUSE_LEASES = (1.2, 2.5)
@@ -97,7 +96,10 @@ class DrillReport(msgspec.Struct):
     ``epoch_gaps`` claims that did not raise the epoch by one. ``acks_lost`` counts results
     a worker was given whose RunFinished is not in the journal. ``max_unowned_s`` is the
     longest time from a worker's death or freeze (or exit) to the claim of a run it left,
-    checked against ``unowned_bound_s``: lease + claim interval (lease / 2) + SLACK_S.
+    counting only the time in which another worker was able to claim it (ready, neither
+    frozen nor dead), checked against ``unowned_bound_s``: lease + claim interval
+    (lease / 2) + SLACK_S; ``max_unowned_wall_s`` is the same on the wall clock, including
+    the moments when every worker was frozen, killed or starting.
     """
 
     runs: int
@@ -139,6 +141,7 @@ class DrillReport(msgspec.Struct):
     acks_lost: int = 0
     worker_errors: int = 0
     max_unowned_s: float = 0.0
+    max_unowned_wall_s: float = 0.0
     unowned_bound_s: float = 0.0
     takeovers_over_bound: int = 0
     notes: list[str] = msgspec.field(default_factory=list)
@@ -465,6 +468,7 @@ class _Life(msgspec.Struct):
     out: Path
     err: Path
     owner: str = ""
+    ready_at: float = 0.0  # when it said it was ready (its Runner open, sweeping)
     killed_at: float = 0.0
     exited_at: float = 0.0
     pauses: list[list[float]] = msgspec.field(default_factory=list)  # [stopped, resumed]
@@ -481,9 +485,24 @@ class _Life(msgspec.Struct):
                 words = self.out.read_text().split()
             except OSError:
                 return False
-            if len(words) >= 2 and words[0] == "ready":
-                self.owner = words[1]
+            if len(words) >= 3 and words[0] == "ready":
+                self.owner, self.ready_at = words[1], float(words[2])
         return bool(self.owner)
+
+    def able(self) -> list[tuple[float, float]]:
+        """The stretches of time in which this worker could take runs over: ready, not
+        frozen, not yet killed or gone."""
+        if not self.ready_at:
+            return []
+        end = self.killed_at or self.exited_at or float("inf")
+        stretches, t = [], self.ready_at
+        for stopped, resumed in sorted(self.pauses):
+            if stopped > t:
+                stretches.append((t, min(stopped, end)))
+            t = max(t, resumed or float("inf"))
+        if t < end:
+            stretches.append((t, end))
+        return [(a, b) for a, b in stretches if a < b]
 
     def working(self) -> bool:
         """True until the worker says its own runs are done."""
@@ -997,9 +1016,29 @@ def _takeover(report: DrillReport, unowned: list[float], life_of: dict[str, _Lif
         report.takeovers_of_live_owners += 1  # its lease ran out while it ran
         cause = "live"
     if since:
-        unowned.append(claim.ts - since)
-        record["unowned_s"] = round(claim.ts - since, 3)
+        # The bound is on boundloop's takeover, so it counts only the time in which another
+        # worker could take the run: at a few faults per second there are moments when
+        # every worker is frozen, killed or still starting, and nothing can claim anything.
+        able = _able_time(life_of.values(), previous, since, claim.ts)
+        unowned.append(able)
+        report.max_unowned_wall_s = max(report.max_unowned_wall_s,
+                                        round(claim.ts - since, 3))
+        record["unowned_s"] = round(able, 3)
+        record["unowned_wall_s"] = round(claim.ts - since, 3)
     return {**record, "cause": cause}
+
+
+def _able_time(lives: Iterable[_Life], previous: str, since: float, until: float) -> float:
+    """Seconds of [since, until] in which some worker other than ``previous`` was able to
+    take runs over (ready, not frozen, alive)."""
+    spans = sorted((max(a, since), min(b, until)) for life in lives if life.owner != previous
+                   for a, b in life.able() if a < until and b > since)
+    total, end = 0.0, since
+    for a, b in spans:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def format_report(report: DrillReport, command: str) -> str:
