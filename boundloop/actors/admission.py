@@ -4,17 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import pykka
-
+from boundloop.actors._base import Actor
 from boundloop.actors.messages import Admit, Release
 from boundloop.journal.base import Journal
 
 
-class AdmissionActor(pykka.ThreadingActor):
+class AdmissionActor(Actor):
     """Keeps the set of runs in flight; answers ``Admit`` with None or the reason to reject."""
-
-    # Daemon threads: a runner that is never closed must not keep the process alive.
-    use_daemon_thread = True
 
     def __init__(self, journal: Journal, max_in_flight: int) -> None:
         super().__init__()

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-import pykka
 
+from boundloop.actors._base import Actor
 from boundloop.loop import Ledger
 from boundloop.policy.budget import (
     Budget,
@@ -63,11 +63,8 @@ class _Node(msgspec.Struct):
     unfolded: dict[str, ChildSpend] = msgspec.field(default_factory=dict)
 
 
-class BudgetActor(pykka.ThreadingActor):
+class BudgetActor(Actor):
     """Holds the ledger of every run tree of one runner."""
-
-    # Daemon threads: a runner that is never closed must not keep the process alive.
-    use_daemon_thread = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -18,8 +18,8 @@ from concurrent.futures import Future
 from typing import Any, Literal
 
 import msgspec
-import pykka
 
+from boundloop.actors._base import Actor
 from boundloop.actors.messages import DispatchBatch
 from boundloop.actors.workers import NotStarted, Workers, outcome, tell
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
@@ -107,11 +107,8 @@ def reconcile_result(value: Any, error: BaseException | None) -> tuple[bool | No
     return (False, None) if value is None else (True, value)
 
 
-class ExecutorActor(pykka.ThreadingActor):
+class ExecutorActor(Actor):
     """Performs Dispatch and Reconcile effects."""
-
-    # Daemon threads: a runner that is never closed must not keep the process alive.
-    use_daemon_thread = True
 
     def __init__(self, workers: Workers) -> None:
         super().__init__()

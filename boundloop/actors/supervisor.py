@@ -24,6 +24,7 @@ import msgspec
 import pykka
 
 from boundloop import events as ev
+from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers, outcome, tell
@@ -100,11 +101,8 @@ class _AttemptRecorded(msgspec.Struct):
     done: Callable[[BaseException | None], None]
 
 
-class SupervisorActor(pykka.ThreadingActor):
+class SupervisorActor(Actor):
     """Drives the runs given to it (``StartRun``) until each returns its RunResult."""
-
-    # Daemon threads: a runner that is never closed must not keep the process alive.
-    use_daemon_thread = True
 
     def __init__(self, journal: Journal, executor: pykka.ActorRef[Any],
                  budget: pykka.ActorRef[Any], workers: Workers,
