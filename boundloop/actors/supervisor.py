@@ -29,7 +29,7 @@ from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers, outcome, tell
 from boundloop.errors import JournalUnavailable, LeaseLost
-from boundloop.journal.base import Fence, Journal
+from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
     Attempt,
     CallUser,
@@ -47,6 +47,8 @@ from boundloop.telemetry import Telemetry
 
 #: How long a model call may run on past the run's deadline before it is abandoned.
 GRACE_S = 0.5
+#: A supervisor commits its outbox once its inbox runs dry, or at this many appends.
+OUTBOX_MAX = 256
 
 _Wall = Literal["cancelled", "deadline", "grace"]
 
@@ -116,6 +118,8 @@ class SupervisorActor(Actor):
         self.on_finished = on_finished
         self.runs: dict[str, _Run] = {}
         self._tokens = itertools.count(1)
+        #: Appends waiting for the inbox to run dry, then committed together (see _flush).
+        self._outbox: list[Submission] = []
 
     def on_receive(self, message: Any) -> Any:
         run_id = message.spec.run_id if isinstance(message, StartRun) else \
@@ -126,7 +130,22 @@ class SupervisorActor(Actor):
             failed = self.runs.get(run_id) if isinstance(run_id, str) else None
             if failed is not None and isinstance(run_id, str):
                 self._fail(run_id, failed, exc)
+        if self._outbox and (len(self._outbox) >= OUTBOX_MAX or self.actor_inbox.empty()):
+            self._flush()
         return None
+
+    def _flush(self) -> None:
+        """Group commit from the actor's own thread: every append of the messages handled
+        since the inbox last ran dry, in one transaction, without the hand-offs to a writer
+        thread and back (measured: two thread wake-ups per round less). Their completions
+        come back as messages, like any other."""
+        batch, self._outbox = self._outbox, []
+        self.journal.submit_many(batch)
+
+    def on_stop(self) -> None:
+        """Appends still waiting go out (or fail, if the journal is closed)."""
+        if self._outbox:
+            self._flush()
 
     def _handle(self, message: Any) -> None:
         match message:
@@ -226,7 +245,7 @@ class SupervisorActor(Actor):
                 def committed(err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, None, err, count, generation))
 
-                self.journal.submit(run_id, run.seq, events, committed, self._fence(run))
+                self._outbox.append((run_id, run.seq, events, committed, self._fence(run)))
             case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
                 self._call_user(run_id, run, fn, args, deadline, cancel)
             case InvokeModel() if self.journal.closed:
@@ -338,7 +357,7 @@ class SupervisorActor(Actor):
 
         seq = run.seq
         run.seq += len(events)
-        self.journal.submit(m.run_id, seq, events, committed, self._fence(run))
+        self._outbox.append((m.run_id, seq, events, committed, self._fence(run)))
 
     @staticmethod
     def _fence(run: _Run) -> Fence | None:

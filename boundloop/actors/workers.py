@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import inspect
 import itertools
@@ -19,6 +20,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from types import FunctionType, MethodType
 from typing import Any
 
 import pykka
@@ -33,8 +35,21 @@ _IDLE_S = 2.0
 
 def is_async(fn: Callable[..., Any]) -> bool:
     """True for an ``async def`` function or a callable object whose ``__call__`` is one."""
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-        getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
+    kind = type(fn)
+    if kind is FunctionType:  # the common case, without inspect's unwrapping (~5 µs a call)
+        return bool(fn.__code__.co_flags & inspect.CO_COROUTINE)
+    known = _ASYNC_CLASSES.get(kind)
+    if known is None:
+        known = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
+        if kind not in (MethodType, functools.partial):
+            # A callable object is called through its class's __call__: ask once per class.
+            _ASYNC_CLASSES[kind] = known
+    return known
+
+
+#: Whether instances of a callable class are async (see is_async).
+_ASYNC_CLASSES: dict[type, bool] = {}
 
 
 class NotStarted(Exception):

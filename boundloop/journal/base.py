@@ -94,6 +94,10 @@ def check_run_id(run_id: object) -> str:
 T = TypeVar("T")
 
 
+#: One append for ``Journal.submit_many``: (run id, expected seq, events, done, fence).
+Submission = tuple[str, int, Sequence[Event], Done, "Fence | None"]
+
+
 def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[T]]:
     """Group commit's batching, for a backend's writer thread: each batch is the request it
     waited for plus every one queued meanwhile (at most ``limit``); ends at a None."""
@@ -134,6 +138,15 @@ class Journal(abc.ABC):
         ``RunAdmitted`` makes its owner the owner at epoch 1; ``OwnerClaimed`` (whose
         epoch must be the run's epoch + 1, or 0 for "the next one") makes its owner the
         owner at that epoch."""
+
+    def submit_many(self, requests: Sequence[Submission]) -> None:
+        """``submit`` each of ``requests``, as one group commit where the backend can.
+
+        A backend may commit them in the calling thread, with whatever else is waiting, and
+        call their ``done`` callbacks before this returns (LMDB does: an actor that hands
+        over its batch saves the hand-offs to a writer thread and back)."""
+        for run_id, expected_seq, events, done, fence in requests:
+            self.submit(run_id, expected_seq, events, done, fence)
 
     def append(self, run_id: str, expected_seq: int, events: Sequence[Event],
                fence: Fence | None = None) -> int:

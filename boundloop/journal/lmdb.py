@@ -59,6 +59,7 @@ from boundloop.journal.base import (
     Journal,
     OwnerRecord,
     RunInfo,
+    Submission,
     batches,
     check_run_id,
     valid_run_id,
@@ -464,6 +465,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         self._commits = 0
         self._lock = threading.Lock()
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        # What submit_many queued for whichever thread commits next (see _lead).
+        self._direct: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
+        self._commit_lock = threading.Lock()  # one commit at a time, writer or caller
         self._writer = threading.Thread(target=self._write_loop, name="boundloop-journal",
                                         daemon=True)
         if not readonly:
@@ -554,6 +558,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         closed, since closing any descriptor of the file would drop this process's fcntl
         locks on it."""
         lock = self.path / "lock.mdb"
+        self._lock_file = str(lock)  # a str: _check_lock stats it before every write
         if self.readonly and not self._env.flags()["lock"]:
             return  # no lock file: nothing to hold, and a reader never writes
         self._lock_fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
@@ -577,7 +582,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         this journal refuses every later write (it fails closed)."""
         if not self._lock_lost:
             try:
-                st = os.stat(self.path / "lock.mdb")
+                st = os.stat(self._lock_file)
                 same = (st.st_dev, st.st_ino) == self._lock_id
             except FileNotFoundError:
                 same = False
@@ -676,9 +681,10 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         self._queue.put(None)
         if self._writer.is_alive() and threading.current_thread() is not self._writer:
             self._writer.join()  # its last commit ends before the environment does
-        with self._gate.exclusive():  # and so does every read in flight
+        with self._gate.exclusive():  # and so does every commit and read in flight
             self._env.close()
             self._release_lock_file()  # after the environment: see _hold_lock_file
+        self._lead()  # anything submit_many queued meanwhile fails: the journal is closed
         with _opened_lock:
             if _opened.get(self._real) is self:
                 del _opened[self._real]
@@ -686,6 +692,26 @@ class LmdbJournal(keys.KeyedJournal, Journal):
     # -- writing -----------------------------------------------------------------------
     def submit(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
                done: Done, fence: Fence | None = None) -> None:
+        request = self._prepare(run_id, expected_seq, events, done, fence)
+        if request is not None:
+            self._enqueue(self._queue, request)
+
+    def submit_many(self, requests: Sequence[Submission]) -> None:
+        """Commit ``requests`` in the calling thread, in one transaction with every other
+        request waiting for the caller, unless another thread is committing: then that
+        thread takes them into its next transaction. ``done`` callbacks run on whichever
+        thread committed."""
+        if type(self).submit is not LmdbJournal.submit:
+            super().submit_many(requests)  # a subclass that sees every append keeps seeing it
+            return
+        for run_id, expected_seq, events, done, fence in requests:
+            request = self._prepare(run_id, expected_seq, events, done, fence)
+            if request is not None:
+                self._enqueue(self._direct, request)
+        self._lead()
+
+    def _prepare(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
+                 done: Done, fence: Fence | None) -> _Request | None:
         try:
             check_run_id(run_id)
             events = list(events)
@@ -696,20 +722,48 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             except (TypeError, ValueError, OverflowError) as exc:
                 raise JournalError(f"an event of run {run_id!r} cannot be stored "
                                    f"({type(exc).__name__}: {exc})") from None
-            request = _Request(run_id, expected_seq, events, encoded, done, fence)
-            # Under the lock, so close() cannot slip in between the check and the put: a
-            # request queued before close's sentinel is always answered by the writer.
-            with self._lock:
-                self._usable(write=True)
-                self._queue.put(request)
-        except lmdb.Error as exc:
-            done(_lmdb_error(exc))
+            return _Request(run_id, expected_seq, events, encoded, done, fence)
         except Exception as exc:
             done(exc)
+            return None
+
+    def _enqueue(self, into: queue.SimpleQueue[_Request | None], request: _Request) -> None:
+        try:
+            # Under the lock, so close() cannot slip in between the check and the put: a
+            # request queued before close's sentinel is always answered.
+            with self._lock:
+                self._usable(write=True)
+                into.put(request)
+        except lmdb.Error as exc:
+            request.done(_lmdb_error(exc))
+        except Exception as exc:
+            request.done(exc)
+
+    def _lead(self) -> None:
+        """Commit what ``submit_many`` queued, unless another thread is committing: it
+        looks again once it lets go of the commit lock, so nothing is left behind."""
+        while not self._direct.empty():
+            if not self._commit_lock.acquire(blocking=False):
+                return
+            try:
+                batch: list[_Request] = []
+                while len(batch) < MAX_BATCH:
+                    try:
+                        request = self._direct.get_nowait()
+                    except queue.Empty:
+                        break
+                    if request is not None:
+                        batch.append(request)
+                if batch:
+                    self._commit(batch)
+            finally:
+                self._commit_lock.release()
 
     def _write_loop(self) -> None:
         for batch in batches(self._queue, MAX_BATCH):
-            self._commit(batch)
+            with self._commit_lock:
+                self._commit(batch)
+            self._lead()
         self._fail_pending()
 
     def _fail_pending(self) -> None:
