@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,10 @@ def test_recover_leaves_runs_of_a_live_owner_alone(tmp_path: Path) -> None:
             return bl.Final("late")
 
         future = first.submit(model=slow, prompt="hi", run_id="busy")
+        end = time.monotonic() + 10
+        while first.journal.find("busy") is None:  # its admission is committed meanwhile
+            assert time.monotonic() < end
+            time.sleep(0.005)
         second = bl.Runner(first.journal)  # another runner in the same live process
         try:
             assert [r.run_id for r in second.recover()] == []
