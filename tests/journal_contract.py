@@ -11,7 +11,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -129,6 +129,41 @@ class JournalContract:
             assert [s for s, _ in got] == [1, 2]
             assert {e.run_id for _, e in got} == {rid}
         assert list(journal.read("nope")) == []
+
+    def test_submit_many_appends_each_and_answers_each(self, journal: Journal) -> None:
+        journal.append("r2", 0, [admitted("r2")])
+        got: dict[str, BaseException | None] = {}
+        flags = {r: threading.Event() for r in ("r1", "r2", "r3", "bad")}
+
+        def done(run_id: str) -> Callable[[BaseException | None], None]:
+            def answer(err: BaseException | None) -> None:
+                got[run_id] = err
+                flags[run_id].set()
+            return answer
+
+        journal.submit_many([
+            ("r1", 0, [admitted("r1"), step("r1", 1)], done("r1"), None),
+            ("r2", 1, [step("r2", 1)], done("r2"), None),
+            ("bad", 5, [step("bad", 1)], done("bad"), None),  # refused: nothing at seq 5
+            ("r3", 0, [admitted("r3")], done("r3"), None),
+        ])
+        assert all(f.wait(10) for f in flags.values())
+        assert got["r1"] is None and got["r2"] is None and got["r3"] is None
+        assert isinstance(got["bad"], bl.SequenceConflict)  # one refusal spoils no other
+        assert [s for s, _ in journal.read("r1")] == [1, 2]
+        assert [s for s, _ in journal.read("r2")] == [1, 2]
+        assert [s for s, _ in journal.read("r3")] == [1]
+        assert journal.find("bad") is None
+
+    def test_submit_many_on_a_closed_journal_answers_with_an_error(self, path: Path) -> None:
+        journal = self.make_journal(path)
+        journal.close()
+        got: list[BaseException | None] = []
+        journal.submit_many([("r1", 0, [admitted("r1")], got.append, None)])
+        end = time.monotonic() + 10
+        while not got and time.monotonic() < end:
+            time.sleep(0.01)
+        assert len(got) == 1 and isinstance(got[0], bl.JournalError)
 
     # -- expected sequence ------------------------------------------------------------------
     def test_a_conflicting_append_raises_and_stores_nothing(self, journal: Journal) -> None:
