@@ -44,7 +44,7 @@ from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
-from boundloop.policy.redact import storable
+from boundloop.policy.redact import Scrubber, journal_safe, storable
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
 from boundloop.telemetry import Telemetry
@@ -408,6 +408,9 @@ class Runner:
                 forced = True
             batch.append(self._claim_event(state))
         who = by or f"{getpass.getuser()}@{socket.gethostname()}"
+        # A person's note is text the run journals too (SPEC 9): text with the shape of a
+        # credential is redacted from it.
+        note = Scrubber(self._journal.secret_key).text(journal_safe(str(note)))
         batch.append(ev.CallResolved(run_id=run_id, ts=self.clock.time(),
                                      elapsed_s=state.elapsed_s, execution_id=execution_id,
                                      outcome=outcome, note=note, by=who, forced=forced))

@@ -66,3 +66,27 @@ def test_an_estimator_still_running_at_the_deadline_is_the_deadline(tmp_path: Pa
     assert (result.status, result.exhausted_limit, result.model_steps) == \
         ("limit_exceeded", "deadline", 0)
     assert result.elapsed_s < 3
+
+
+def test_a_persons_note_is_scrubbed_of_credentials(tmp_path: Path) -> None:
+    # A resolve's note is text the run journals: a credential pasted into it is redacted.
+    token = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJvcGVyYXRvciJ9.c2lnbmF0dXJlLXZhbHVl"
+    slow = threading.Event()
+
+    @bl.tool(irreversible=True, timeout_s=0.2)
+    def ship() -> str:
+        slow.wait(5)
+        return "shipped"
+
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "ship", {})]), bl.Final("x")])
+    where = tmp_path / "j"
+    with bl.Runner(where) as runner:
+        result = runner.run(model=model, tools=[ship], prompt="p", run_id="n")
+        slow.set()
+        assert result.status == "needs_review"
+        [action] = result.unresolved
+        runner.resolve("n", action.execution_id, "succeeded",
+                       note=f"carrier confirmed; their API token was {token}")
+        [resolved] = [e for e in runner.journal.events("n") if isinstance(e, ev.CallResolved)]
+    assert token not in resolved.note and resolved.note.startswith("carrier confirmed")
+    assert token.encode() not in (where / "data.mdb").read_bytes()
