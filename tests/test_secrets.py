@@ -100,6 +100,7 @@ PATTERNS: list[tuple[str, str, str]] = [
     ("dsn key=value", "dsn='host=db port=5432 password=kv-s3cret dbname=prod'", "kv-s3cret"),
     ("bearer", "sent Authorization: Bearer abcDEF0123456789xyz", "abcDEF0123456789xyz"),
     ("bearer lowercase", "header was bearer mF_9.B5f-4.1JqM", "mF_9.B5f-4.1JqM"),
+    ("bearer of letters only", "sent Bearer qwertyuiopasdfghjklzxcvbnm", "qwertyuiopasdfghjklzxcv"),
     ("basic", "Basic dXNlcjpwYXNzd29yZA== rejected", "dXNlcjpwYXNzd29yZA=="),
     ("cookie header", "Cookie: sessionid=9f8e7d6c5b4a; theme=dark", "9f8e7d6c5b4a"),
     ("anthropic", f"invalid x-api-key {SK_ANT}", SK_ANT),

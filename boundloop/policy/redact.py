@@ -462,9 +462,9 @@ _KEY_FRAGMENTS = ("pass", "pwd", "pin", "otp", "cvv", "cvc", "token", "jwt", "be
 
 def _tokenish(text: str) -> bool:
     """True when an authorization value looks like a credential, not a word of prose
-    ("Basic authentication"): a digit or a symbol in it, or mixed case past its first
-    letter."""
-    if any(c.isdigit() or c in "._~+/=-" for c in text):
+    ("Basic authentication"): a digit or a symbol in it, mixed case past its first letter,
+    or 24 letters or more (longer than any word of prose)."""
+    if len(text) >= 24 or any(c.isdigit() or c in "._~+/=-" for c in text):
         return True
     rest = text[1:]
     return any(c.isupper() for c in rest) and any(c.islower() for c in rest)
