@@ -987,28 +987,57 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
                    "available).")
 @click.option("--dir", "where", type=click.Path(file_okay=False), default=None,
               help="Where to keep the drill's journal and ledger (default: a temp dir).")
+@click.option("--journal", "journal", default=None, metavar="URL",
+              help="Run on PostgreSQL: a postgresql:// URL of a role that may create "
+                   "databases; the drill creates a fresh database drill_<random> on that "
+                   "server for its run, and keeps it (default: LMDB, in --dir).")
+@click.option("--pgdata", type=click.Path(file_okay=False, exists=True), default=None,
+              help="With --journal: the server's data directory; the drill crash-restarts "
+                   "the server (pg_ctl restart -m immediate, as the directory's owner) as some "
+                   "of its faults. Without it (or --pg-restart-cmd) the server is not "
+                   "restarted.")
+@click.option("--pg-restart-cmd", "restart_cmd", default=None, metavar="CMD",
+              help="With --journal: a shell command that crash-restarts the server and "
+                   "returns (instead of --pgdata).")
+@click.option("--pg-restarts", "restarts", type=click.IntRange(min=0), default=None,
+              help="How many of the faults are server restarts (default: one in 50, at "
+                   "least one).")
 @json_option("the report")
 def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: float,
-          pidns: bool | None, where: str | None, as_json: bool) -> None:
+          pidns: bool | None, where: str | None, journal: str | None, pgdata: str | None,
+          restart_cmd: str | None, restarts: int | None, as_json: bool) -> None:
     """Crash-recovery and ownership drill: SIGKILL (and with --pause, SIGSTOP past the
     lease) workers at random moments while the others take their runs over; check the
-    journal against a ledger of real side effects. Exits 1 if any invariant fails."""
+    journal against a ledger of real side effects. Exits 1 if any invariant fails.
+    With --journal postgresql://..., the workers share a PostgreSQL database, and with
+    --pgdata (or --pg-restart-cmd) the server is crash-restarted too."""
     import tempfile
     from pathlib import Path
 
     from boundloop.drill import can_unshare, command, format_report, run_drill
+    from boundloop.journal.postgres import is_url
 
     if pidns and not can_unshare():
         raise click.UsageError("--pidns needs root and a working unshare(1)")
+    if journal is not None and not is_url(journal):
+        raise click.UsageError("--journal takes a postgresql:// URL (the LMDB drill keeps "
+                               "its journal in --dir)")
+    if journal is None and (pgdata or restart_cmd or restarts):
+        raise click.UsageError("--pgdata, --pg-restart-cmd and --pg-restarts need --journal "
+                               "postgresql://...")
+    if pgdata and restart_cmd:
+        raise click.UsageError("give --pgdata or --pg-restart-cmd, not both")
     base = Path(where) if where else Path(tempfile.mkdtemp(prefix="boundloop-drill-"))
     report = run_drill(base, runs, kills, seed, workers,
                        out=(lambda s: None) if as_json else click.echo, pause=pause,
-                       lease_s=lease_s, pidns=pidns)
+                       lease_s=lease_s, pidns=pidns, journal=journal, pgdata=pgdata,
+                       restart_cmd=restart_cmd, restarts=restarts)
     if as_json:
         _echo_json({**msgspec.to_builtins(report), "ok": report.ok, "dir": str(base)})
     else:
         click.echo(format_report(report, command(runs, kills, seed, workers, pause, lease_s,
-                                                 pidns)))
+                                                 pidns, journal, pgdata, restart_cmd,
+                                                 restarts)))
     if not report.ok:
         click.get_current_context().exit(EXIT_MISMATCH)
 

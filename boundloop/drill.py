@@ -30,6 +30,17 @@ worker runs in its own pid namespace (``unshare --pid --fork --mount-proc``, as 
 would) when this process is root and unshare(1) works. On one pid namespace a paused worker
 is alive by SPEC 6 (its process exists), so it is never taken over; the pauses are injected
 all the same and the report says so.
+
+On LMDB the journal is ``<dir>/journal``; a probe process tells when a frozen worker holds
+LMDB's writer lock (the pause is then let go at once), and each worker's pid namespace gets
+its own range of thread ids (_TidBlocks). On PostgreSQL (``--journal postgresql://...``)
+the drill creates a fresh database for the run, every worker's journal is its URL, and
+neither is needed (the server ends a frozen worker's open transaction, see
+``boundloop.journal.postgres``); with ``--pgdata`` (or ``--pg-restart-cmd``) some faults
+are crash-restarts of the server (``pg_ctl restart -m immediate``), and the time the server
+was down is left out of the takeover bound and reported apart. A worker asks the journal
+again while the server is down; its runs in flight end ``journal_unavailable`` (fail
+closed) and the sweeps resume them.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import random
@@ -73,6 +85,11 @@ PAUSE_LEASES = (1.2, 2.5)
 #: reader-slot registration stalls every process of the journal, which is not the fault
 #: under test).
 WRITE_LOCK_PROBE_S = 0.25
+#: An attempt dispatched before its worker froze, whose handler started at most this long
+#: after the worker woke from that pause (which began before the claim), passed the
+#: runner's gate before the freeze (see _check): ``attempts_frozen_at_start``, not a zombie
+#: execution.
+FROZEN_START_S = 0.1
 #: Explanations of a run that stopped because of its ownership (SPEC 6).
 REFUSED = "this runner stopped driving it"  # the journal refused a fenced append
 SELF_FENCED = "fenced itself"  # the runner's own lease ran out: it started nothing more
@@ -91,7 +108,10 @@ class DrillReport(msgspec.Struct):
     (LeaseLost), ``self_fenced`` runs it stopped itself (its lease ran out);
     ``zombie_appends_accepted`` CallSucceeded events recorded at an epoch that did not
     execute them. ``zombie_executions`` counts attempts (done or refused downstream,
-    ``late_attempts_refused``) that started after a later epoch claimed their run.
+    ``late_attempts_refused``) that started after a later epoch claimed their run, but for
+    ``attempts_frozen_at_start``: attempts dispatched before their worker froze, whose
+    handlers started just after it woke from that pause, which began before the claim
+    (frozen between the runner's gate and the handler's first line, see FROZEN_START_S).
     ``epoch_mismatches`` counts side effects run under an epoch their worker never held,
     ``epoch_gaps`` claims that did not raise the epoch by one. ``acks_lost`` counts results
     a worker was given whose RunFinished is not in the journal. ``max_unowned_s`` is the
@@ -100,6 +120,17 @@ class DrillReport(msgspec.Struct):
     frozen nor dead), checked against ``unowned_bound_s``: lease + claim interval
     (lease / 2) + SLACK_S; ``max_unowned_wall_s`` is the same on the wall clock, including
     the moments when every worker was frozen, killed or starting.
+
+    On PostgreSQL (``journal``; ``database`` is the one made for the drill),
+    ``restarts_injected`` counts server crash-restarts (``pg_ctl -m immediate``), part of
+    ``faults_injected``; ``server_down_s`` is the time the server was down in all, from each
+    restart to the first connection it accepted again. That time is not counted in
+    ``max_unowned_s`` (nobody can claim anything then) but apart:
+    ``max_unowned_server_down_s`` is the most of it within one takeover's wait.
+    ``journal_unavailable_retries`` counts the questions a worker asked the journal again
+    because the server was down, ``runs_unavailable`` the runs a worker saw end
+    ``journal_unavailable`` for another reason than their ownership (they fail closed; a
+    sweep resumes them).
     """
 
     runs: int
@@ -134,6 +165,7 @@ class DrillReport(msgspec.Struct):
     zombie_appends_accepted: int = 0
     self_fenced: int = 0
     zombie_executions: int = 0
+    attempts_frozen_at_start: int = 0
     late_attempts_refused: int = 0
     epoch_mismatches: int = 0
     epoch_gaps: int = 0
@@ -144,6 +176,15 @@ class DrillReport(msgspec.Struct):
     max_unowned_wall_s: float = 0.0
     unowned_bound_s: float = 0.0
     takeovers_over_bound: int = 0
+    # -- a PostgreSQL journal (SPEC 12) -------------------------------------------------------
+    journal: str = "lmdb"
+    database: str = ""
+    restarts_planned: int = 0
+    restarts_injected: int = 0
+    server_down_s: float = 0.0
+    max_unowned_server_down_s: float = 0.0
+    journal_unavailable_retries: int = 0
+    runs_unavailable: int = 0
     notes: list[str] = msgspec.field(default_factory=list)
 
     @property
@@ -333,37 +374,65 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
     ``log`` gets a line per recovered run; ``notes`` (a jsonl file) a line per RunResult
     this worker was given and per unexpected error. When the file ``linger`` exists once
     its runs are done, the worker stays, taking over, until no run is open.
+
+    On a PostgreSQL journal (a URL) the server may be down for a while (the drill restarts
+    it): what the worker itself asks the journal is asked again until it answers
+    (``unavailable`` notes, not errors), a run whose admission failed without being
+    recorded is submitted again, and the runs in flight end as the Runner ends them
+    (``journal_unavailable``) and are resumed by the sweeps.
     """
-    from boundloop.errors import BoundloopError
+    from boundloop.errors import BoundloopError, JournalUnavailable
+    from boundloop.journal.postgres import is_url
     from boundloop.results import RunResult
     from boundloop.runner import Runner
 
     tools = drill_tools(Path(ledger_path), name)
     model = drill_model(seed)
+    shared = is_url(journal)  # a server that may restart under the worker
 
     def note(record: dict[str, Any]) -> None:
         if notes is not None:
             _append_line(notes, json.dumps({"worker": name, **record}))
 
-    with Runner(journal, max_in_flight=concurrency * 4, lease_s=lease_s) as runner:
+    def asking(fn: Callable[[], Any], where: str) -> Any:
+        """``fn()``, asked again while a shared journal's server is down (up to a minute)."""
+        give_up = time.monotonic() + 60
+        while True:
+            try:
+                return fn()
+            except JournalUnavailable as exc:
+                if not shared or time.monotonic() > give_up:
+                    raise
+                note({"kind": "unavailable", "where": where, "error": repr(exc)})
+                time.sleep(0.1)
+
+    runner = asking(lambda: Runner(journal, max_in_flight=concurrency * 4, lease_s=lease_s),
+                    "open")
+    with runner:
         print(f"ready {runner.owner} {time.time():.6f}", flush=True)
         resumed: list[Future[RunResult]] = []
         lock = threading.Lock()
 
-        def acked(future: Future[RunResult]) -> None:
+        def acked(future: Future[RunResult]) -> RunResult | None:
             try:
                 r = future.result()
             except Exception as exc:  # noqa: BLE001 - noted, and counted as a failure
                 note({"kind": "error", "where": "result", "error": repr(exc)})
-                return
+                return None
             note({"kind": "result", "run_id": r.run_id, "status": r.status,
                   "tool_calls": r.tool_calls, "model_steps": r.model_steps,
                   "owner": runner.owner,
                   "explanation": r.explanation if r.status == "journal_unavailable" else ""})
+            return r
 
         def sweep() -> None:
             try:
                 recovered = runner.recover()
+            except JournalUnavailable as exc:
+                if not shared:
+                    raise
+                note({"kind": "unavailable", "where": "recover", "error": repr(exc)})
+                return  # the next sweep asks again
             except BoundloopError as exc:
                 note({"kind": "error", "where": "recover", "error": repr(exc)})
                 return
@@ -397,13 +466,19 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
         sweep()
         sweeper = threading.Thread(target=sweeping, name="drill-sweeper", daemon=True)
         sweeper.start()
-        todo = [r for r in Path(runs_file).read_text().split() if runner.journal.find(r) is None]
-        for i in range(0, len(todo), concurrency):
-            batch = [runner.submit(model, tools, "run the plan", run_id=r)
-                     for r in todo[i:i + concurrency]]
-            wait_all(batch)
-            for future in batch:
-                acked(future)
+        todo = [r for r in Path(runs_file).read_text().split()
+                if asking(functools.partial(runner.journal.find, r), "find") is None]
+        while todo:
+            batch = [(r, runner.submit(model, tools, "run the plan", run_id=r))
+                     for r in todo[:concurrency]]
+            todo = todo[concurrency:]
+            wait_all([f for _, f in batch])
+            for run_id, future in batch:
+                result = acked(future)
+                if shared and result is not None and result.status == "journal_unavailable" \
+                        and asking(functools.partial(runner.journal.find, run_id),
+                                   "find") is None:
+                    todo.append(run_id)  # its admission was not recorded: submit it again
         print("idle", flush=True)  # its own runs are done
         if linger is not None and Path(linger).exists():
             # The last workers: stay until every run is done, taking over what is left.
@@ -411,7 +486,8 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
             while time.monotonic() < give_up:
                 with lock:
                     busy = any(not f.done() for f in resumed)
-                if not busy and next(iter(runner.journal.open_runs()), None) is None:
+                if not busy and next(iter(asking(runner.journal.open_runs, "open_runs")),
+                                     None) is None:
                     break
                 time.sleep(lease_s / 4)
         stop.set()
@@ -568,9 +644,12 @@ class _WriteLockProbe:
                                       str(downstream)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    def free(self, timeout: float, on_wait: Callable[[], None]) -> bool:
+    def free(self, timeout: float, on_wait: Callable[[], None],
+             on_stuck: Callable[[], None] | None = None) -> bool:
         """True when the lock was taken within ``timeout``; else calls ``on_wait`` (which
-        must let the holder go) and waits for the probe's answer."""
+        must let the holder go) and waits for the probe's answer, calling ``on_stuck``
+        every 2 s it still waits (a worker frozen by an earlier pause may hold the lock:
+        that pause must end, or the drill would wait for it forever)."""
         stdin, stdout = self.proc.stdin, self.proc.stdout
         assert stdin is not None and stdout is not None
         stdin.write("probe\n")
@@ -578,6 +657,8 @@ class _WriteLockProbe:
         ready, _, _ = select.select([stdout], [], [], timeout)
         if not ready:
             on_wait()
+            while on_stuck is not None and not select.select([stdout], [], [], 2.0)[0]:
+                on_stuck()
         if not stdout.readline():
             raise RuntimeError("the drill's write-lock probe died")
         return bool(ready)
@@ -641,20 +722,22 @@ def _pid_max() -> int:
 
 def _spawn(base: Path, n: int, slot: int, runs: list[str], seed: int, concurrency: int,
            lease_s: float = 30.0, pidns: bool = False,
-           tids: _TidBlocks | None = None) -> _Life:
+           tids: _TidBlocks | None = None, journal: str | None = None) -> _Life:
     name = f"w{n}"
     runs_file = base / "pieces" / f"runs-{n}.txt"
     runs_file.parent.mkdir(exist_ok=True)
     runs_file.write_text("\n".join(runs))
     logs = base / "logs"
     logs.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "boundloop.drill", "worker", str(base / "journal"),
-            str(base / "ledger"), str(runs_file), str(seed), str(concurrency),
-            str(base / "recovered.jsonl"), "--lease", str(lease_s), "--name", name,
-            "--notes", str(logs / f"{name}.jsonl"), "--linger", str(base / "linger")]
+    argv = [sys.executable, "-m", "boundloop.drill", "worker",
+            journal or str(base / "journal"), str(base / "ledger"), str(runs_file), str(seed),
+            str(concurrency), str(base / "recovered.jsonl"), "--lease", str(lease_s),
+            "--name", name, "--notes", str(logs / f"{name}.jsonl"),
+            "--linger", str(base / "linger")]
     if pidns:
-        first = (tids or _TidBlocks()).take(name)
-        argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv, "--pid", str(first)]
+        # Thread-id blocks matter to LMDB's robust mutexes only (see _TidBlocks).
+        first = [] if tids is None else ["--pid", str(tids.take(name))]
+        argv = ["unshare", "--pid", "--fork", "--mount-proc", *argv, *first]
     out, err = logs / f"{name}.out", logs / f"{name}.err"
     with open(out, "wb") as o, open(err, "wb") as e:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=o, stderr=e,
@@ -662,25 +745,167 @@ def _spawn(base: Path, n: int, slot: int, runs: list[str], seed: int, concurrenc
     return _Life(name, slot, runs, proc, out, err)
 
 
+class _FlockProbe:
+    """On a PostgreSQL journal, the one lock every worker shares is the downstream's (the row
+    locks of a frozen worker's open transaction are the server's to free: it ends an idle
+    transaction after half the lease, see ``boundloop.journal.postgres``)."""
+
+    def __init__(self, lock: Path) -> None:
+        self.lock = lock
+
+    def free(self, timeout: float, on_wait: Callable[[], None]) -> bool:
+        """True when the lock was taken within ``timeout``; else calls ``on_wait``."""
+        fd = os.open(self.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    return True
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        on_wait()
+                        return False
+                    time.sleep(0.002)
+        finally:
+            os.close(fd)  # and the lock with it
+
+    def close(self) -> None:
+        pass
+
+
+def fresh_database(url: str) -> tuple[str, str]:
+    """``CREATE DATABASE drill_<random>`` on the server of ``url`` (a ``postgresql://`` URL
+    whose role may create databases); returns its name and its URL."""
+    import secrets
+    from urllib.parse import urlsplit, urlunsplit
+
+    import psycopg
+
+    name = "drill_" + secrets.token_hex(6)
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return name, urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def pg_restart_argv(pgdata: str | os.PathLike[str]) -> list[str]:
+    """The command that crash-restarts the server of data directory ``pgdata``:
+    ``pg_ctl restart -m immediate -w`` (no checkpoint: WAL replay at the start; the server's
+    own options from its ``postmaster.opts``), as the directory's owner (``runuser``) when
+    this process is root, logging to ``<pgdata>/boundloop-drill.log``."""
+    import pwd
+    import shlex
+
+    data = Path(pgdata).resolve()
+    pg_ctl = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        postgres = shlex.split((data / "postmaster.opts").read_text())[0]
+        pg_ctl = str(Path(postgres).with_name("pg_ctl"))
+    if pg_ctl is None or not os.access(pg_ctl, os.X_OK):
+        with contextlib.suppress(OSError):
+            version = (data / "PG_VERSION").read_text().strip()
+            pg_ctl = f"/usr/lib/postgresql/{version}/bin/pg_ctl"
+    if pg_ctl is None or not os.access(pg_ctl, os.X_OK):
+        pg_ctl = shutil.which("pg_ctl")
+    if pg_ctl is None:
+        raise RuntimeError(f"no pg_ctl found for the server of {data} (not next to the "
+                           "postgres of its postmaster.opts, nor on $PATH)")
+    owner = data.stat().st_uid
+    prefix: list[str] = []
+    if os.geteuid() == 0 and owner != 0:
+        prefix = ["runuser", "-u", pwd.getpwuid(owner).pw_name, "--"]
+    elif os.geteuid() != owner:
+        raise RuntimeError(f"{data} belongs to uid {owner}: run the drill as that user (or "
+                           "as root) to restart its server")
+    return [*prefix, pg_ctl, "-D", str(data), "-m", "immediate", "-w", "-t", "60",
+            "-l", str(data / "boundloop-drill.log"), "restart"]
+
+
+class _Server:
+    """The PostgreSQL server under the drill, crash-restarted in a thread of its own (the
+    drill goes on killing and freezing workers meanwhile); ``down`` holds, per restart, when
+    the restart began and when the server accepted a connection again."""
+
+    def __init__(self, url: str, restart: list[str] | str, log: Path) -> None:
+        self.url, self.restart_cmd, self.log = url, restart, log
+        self.down: list[list[float]] = []
+        self.error = ""
+        self._thread: threading.Thread | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def restart(self) -> None:
+        self.down.append([time.time(), 0.0])
+        self._thread = threading.Thread(target=self._restart, name="drill-pg-restart",
+                                        daemon=True)
+        self._thread.start()
+
+    def _restart(self) -> None:
+        import psycopg
+
+        cmd = self.restart_cmd
+        try:
+            with open(self.log, "ab") as log:
+                code = subprocess.run(cmd, shell=isinstance(cmd, str), stdin=subprocess.DEVNULL,
+                                      stdout=log, stderr=log, timeout=180).returncode
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.error = f"the server's restart command failed: {exc}"
+            return
+        if code != 0:
+            self.error = f"the server's restart command exited {code} (see {self.log})"
+        give_up = time.monotonic() + 60
+        while True:  # back up: the first connection it accepts
+            try:
+                psycopg.connect(self.url, connect_timeout=2).close()
+                break
+            except psycopg.Error as exc:
+                if time.monotonic() > give_up:
+                    self.error = self.error or f"the server is not back after its restart: {exc}"
+                    return
+                time.sleep(0.01)
+        self.down[-1][1] = time.time()
+
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+
 def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
               concurrency: int = 4, out: Callable[[str], None] = print, *,
               pause: bool = False, lease_s: float = 1.0,
-              pidns: bool | None = None) -> DrillReport:
+              pidns: bool | None = None, journal: str | None = None,
+              pgdata: str | os.PathLike[str] | None = None,
+              restart_cmd: str | None = None, restarts: int | None = None) -> DrillReport:
     """Run the drill in directory ``base`` and return its report.
 
     ``kills`` is the number of faults to inject: SIGKILLs, and with ``pause`` also SIGSTOPs
     past the lease (about half, at most ``workers - 1`` workers frozen at once). ``pidns``
     (default: ``pause`` and available) runs each worker in its own pid namespace.
 
+    ``journal`` (a ``postgresql://`` URL) runs the drill on PostgreSQL, in a database of its
+    own created for it (``fresh_database``) on that server; else on an LMDB journal in
+    ``base/journal``. With ``pgdata`` (the server's data directory, see
+    ``pg_restart_argv``) or ``restart_cmd`` (a shell command that crash-restarts the server
+    and returns), ``restarts`` of the faults (default: one in 50, at least one) are server
+    restarts; the time the server was down does not count against the takeover bound.
+
     Work is handed out in small slices, one per worker life, so the kills spread over the
     whole workload; a killed worker's slice goes back to the queue (the next worker skips
     runs already started; whoever sweeps first takes the orphans over).
     """
+    from boundloop.journal.postgres import is_url
     from boundloop.runner import Runner
 
     started = time.monotonic()
     rng = random.Random(seed)
     base.mkdir(parents=True, exist_ok=True)
+    if journal is not None and not is_url(journal):
+        raise ValueError(f"journal must be a postgresql:// URL, got {journal!r} (the LMDB "
+                         "drill keeps its journal in its directory)")
+    if journal is None and (pgdata is not None or restart_cmd is not None):
+        raise ValueError("a server restart needs a PostgreSQL journal (a postgresql:// URL)")
     if pidns is None:
         pidns = pause and can_unshare()
     run_ids = [f"drill-{seed}-{i:05d}" for i in range(runs)]
@@ -693,6 +918,25 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
         report.notes.append("the workers share one pid namespace: a paused worker is alive "
                             "by SPEC 6 (its process exists), so its runs are never taken "
                             "over; pauses test self-fencing only")
+    where = str(base / "journal")
+    server: _Server | None = None
+    if journal is not None:
+        report.journal = "postgresql"
+        report.database, where = fresh_database(journal)
+        (base / "journal.url").write_text(where + "\n")
+        report.notes.append(f"PostgreSQL: database {report.database} was created for this "
+                            "drill on the server of --journal, and kept (DROP DATABASE "
+                            f"{report.database} when done with it)")
+        restart: list[str] | str | None = restart_cmd
+        if restart is None and pgdata is not None:
+            restart = pg_restart_argv(pgdata)
+        if restart is None:
+            report.notes.append("no --pgdata or --pg-restart-cmd: the server was not "
+                                "restarted")
+        else:
+            server = _Server(where, restart, base / "pg-restarts.log")
+            report.restarts_planned = min(kills, max(1, kills // 50)
+                                          if restarts is None else restarts)
     lines = _Lines(base / "ledger")
     expected_lines = 3 * runs
 
@@ -704,29 +948,47 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
         return previous + rng.randint(1, 2 * gap - 1 if gap > 1 else 1)
 
     trigger = next_fault(0)
-    tids = _TidBlocks()
-    probe: _WriteLockProbe | None = None
-    if pause:
+    tids = _TidBlocks() if journal is None else None
+    probe: _WriteLockProbe | _FlockProbe | None = None
+    if journal is not None:
+        with Runner(where, lease_s=lease_s):
+            pass  # the schema and the redaction key, before any worker
+        probe = _FlockProbe(Downstream(base / "ledger").lock)
+    elif pause:
         # The probe first (on a journal made for it), so no worker's block holds its pid.
         with Runner(base / "journal", lease_s=lease_s):
             pass
-        probe = _WriteLockProbe(base / "journal", Downstream(base / "ledger").lock)
-        tids.avoid.add(probe.proc.pid // _TidBlocks.SIZE)
+        lmdb_probe = _WriteLockProbe(base / "journal", Downstream(base / "ledger").lock)
+        probe = lmdb_probe
+        assert tids is not None
+        tids.avoid.add(lmdb_probe.proc.pid // _TidBlocks.SIZE)
     procs: dict[int, _Life] = {}
     lives: list[_Life] = []
     lingering: set[int] = set()  # slots given a last, lingering worker
     try:
         while queue or procs:
             now = time.time()
+            if server is not None and server.error:
+                raise RuntimeError(server.error)
             for slot, life in list(procs.items()):
                 if life.proc.poll() is None:
                     continue
                 life.exited_at = life.exited_at or now
-                tids.give_back(life.name)
+                if tids is not None:
+                    tids.give_back(life.name)
                 if life.proc.returncode not in (0, -signal.SIGKILL):
-                    err = life.err.read_text()[-2000:]
-                    raise RuntimeError(f"drill worker {life.name} failed "
-                                       f"({life.proc.returncode}): {err}")
+                    # A worker that crashed (a traceback): a failure of the drill, counted;
+                    # its slice goes back to the queue, as a killed worker's.
+                    report.worker_errors += 1
+                    err = life.err.read_text(errors="replace").strip().splitlines()
+                    report.notes.append(f"worker {life.name} exited {life.proc.returncode}: "
+                                        f"{err[-1] if err else '(nothing on stderr)'}")
+                    if report.worker_errors > 3 * workers:
+                        raise RuntimeError(f"drill workers keep failing; the last, "
+                                           f"{life.name}: {' '.join(err[-20:])}")
+                    if life.piece:
+                        queue.insert(0, life.piece)
+                    lingering.discard(life.slot)
                 del procs[slot]
             if not queue and not (base / "linger").exists():
                 (base / "linger").touch()  # from now on workers stay until all is done
@@ -737,16 +999,30 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                 if not queue:
                     lingering.add(slot)
                 life = _spawn(base, len(lives) + 1, slot, piece, seed, concurrency,
-                              lease_s, pidns, tids)
+                              lease_s, pidns, tids, None if journal is None else where)
                 lives.append(life)
                 procs[slot] = life
             for life in procs.values():
                 if life.paused and now >= life.resume_at:
-                    life.signal(signal.SIGCONT)
-                    life.pauses[-1][1] = time.time()
-                    _fault(base, "resume", life, life.pauses[-1][1])
+                    _resume(life)
             if report.faults_injected < kills and lines() >= trigger \
                     and (queue or any(life.working() for life in procs.values())):
+                # The restarts are spread evenly over the faults: the k-th of R comes as
+                # fault number about k * kills / (R + 1) (later while one is under way).
+                planned = report.restarts_planned
+                k = report.restarts_injected + 1
+                if server is not None and k <= planned and not server.busy \
+                        and report.faults_injected + 1 >= round(k * kills / (planned + 1)):
+                    server.restart()
+                    _append_line(base / "faults.jsonl", json.dumps(
+                        {"kind": "restart", "worker": "", "owner": "",
+                         "at": server.down[-1][0]}))
+                    report.restarts_injected += 1
+                    report.faults_injected += 1
+                    out(f"  restart {report.faults_injected}/{kills}: the PostgreSQL server "
+                        "(pg_ctl -m immediate)")
+                    trigger = next_fault(trigger)
+                    continue
                 live = [life for life in procs.values()
                         if not life.paused and life.proc.poll() is None and life.ready()]
                 frozen = sum(life.paused for life in procs.values())
@@ -755,7 +1031,8 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                     want_pause = pause and frozen < workers - 1 and rng.random() < 0.5
                     time.sleep(rng.uniform(0.0, 0.005))
                     if want_pause and probe is not None:
-                        if _pause(life, probe, rng, lease_s, report, kills, out):
+                        if _pause(life, probe, rng, lease_s, report, kills, out,
+                                  list(procs.values())):
                             trigger = next_fault(trigger)
                     elif life.proc.poll() is None:
                         life.killed_at = time.time()
@@ -777,11 +1054,17 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
             life.proc.wait()
         if probe is not None:
             probe.close()
+        if server is not None:
+            server.join()
+    if server is not None:
+        if server.error:
+            raise RuntimeError(server.error)
+        report.server_down_s = round(sum(b - a for a, b in server.down), 3)
     report.worker_lives = len(lives)
     # The person: take over what is left (leases must run out first), resolve what needs
     # review from the ledger, then resume, until done.
     tools = drill_tools(base / "ledger", "person")
-    with Runner(base / "journal", lease_s=lease_s) as runner:
+    with Runner(where, lease_s=lease_s) as runner:
         give_up = time.monotonic() + 10 + 4 * lease_s
         while True:
             for r in runner.recover():
@@ -804,7 +1087,7 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                     runner.resolve(run_id, action.execution_id, outcome, note="ledger checked",
                                    by="drill")
                 runner.resume(run_id, drill_model(seed), tools)
-        _check(runner, base, run_ids, report, lives)
+        _check(runner, base, run_ids, report, lives, [] if server is None else server.down)
     report.elapsed_s = round(time.monotonic() - started, 2)
     return report
 
@@ -816,15 +1099,35 @@ def _fault(base: Path, kind: str, life: _Life, at: float) -> None:
                                                     "owner": life.owner, "at": at}))
 
 
-def _pause(life: _Life, probe: _WriteLockProbe, rng: random.Random, lease_s: float,
-           report: DrillReport, kills: int, out: Callable[[str], None]) -> bool:
+def _resume(life: _Life) -> None:
+    """End ``life``'s pause (SIGCONT), and say when (the moment before the signal: the
+    worker may run before this process does again)."""
+    life.pauses[-1][1] = time.time()
+    life.signal(signal.SIGCONT)
+    _fault(life.out.parent.parent, "resume", life, life.pauses[-1][1])
+
+
+def _pause(life: _Life, probe: _WriteLockProbe | _FlockProbe, rng: random.Random,
+           lease_s: float,
+           report: DrillReport, kills: int, out: Callable[[str], None],
+           frozen: Iterable[_Life] = ()) -> bool:
     """Freeze ``life`` past its lease; False when it was caught holding a lock the others
-    need (a journal commit...): then it is let go at once and a fault is tried again."""
+    need (a journal commit...): then it is let go at once and a fault is tried again.
+    ``frozen`` are the workers paused before: woken early if one of them holds the lock."""
     if life.proc.poll() is not None:
         return False
     life.signal(signal.SIGSTOP)
     stopped = time.time()
-    if not probe.free(WRITE_LOCK_PROBE_S, lambda: life.signal(signal.SIGCONT)):
+
+    def wake_frozen() -> None:
+        for other in frozen:
+            if other is not life and other.paused:
+                _resume(other)
+
+    free = probe.free(WRITE_LOCK_PROBE_S, lambda: life.signal(signal.SIGCONT), wake_frozen) \
+        if isinstance(probe, _WriteLockProbe) else \
+        probe.free(WRITE_LOCK_PROBE_S, lambda: life.signal(signal.SIGCONT))
+    if not free:
         report.pauses_backed_off += 1
         _fault(life.out.parent.parent, "backoff", life, stopped)
         return False
@@ -864,10 +1167,11 @@ def _segments(events: list[ev.Event]) -> list[tuple[int, str, ev.Event]]:
 
 
 def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
-           lives: list[_Life] | None = None) -> None:
+           lives: list[_Life] | None = None, down: list[list[float]] | None = None) -> None:
     from boundloop.policy.replay import ReplayError, replay
 
     lives = lives or []
+    down = down or []
     done = effects(base / "ledger")
     executions = Counter(x.key for x in done)
     tool_of = {x.key: x.tool for x in done}
@@ -882,6 +1186,7 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
         if "bye" in words and not life.killed_at:
             life.exited_at = float(words[words.index("bye") + 1])
     life_of = {life.owner: life for life in lives if life.owner}
+    life_by_name = {life.name: life for life in lives}
     owner_of = {life.name: life.owner for life in lives}
     owner_of["person"] = runner.owner
     by_run: dict[str, list[Effect]] = {}
@@ -929,15 +1234,18 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
         segments = _segments(events)
         epoch_owner: dict[int, str] = {}
         claims: list[tuple[int, float]] = []
+        dispatched: dict[tuple[str, int], float] = {}  # (key, epoch): its last dispatch
         previous = 0
         for epoch, owner, e in segments:
             epoch_owner.setdefault(epoch, owner)
+            if isinstance(e, ev.CallDispatched) and e.execution_id in state.calls:
+                dispatched[state.calls[e.execution_id].idempotency_key, epoch] = e.ts
             if isinstance(e, ev.OwnerClaimed):
                 if epoch != previous + 1:
                     report.epoch_gaps += 1
                 claims.append((epoch, e.ts))
                 takeovers.append(_takeover(report, unowned, life_of, runner.owner,
-                                           epoch_owner.get(epoch - 1, ""), e))
+                                           epoch_owner.get(epoch - 1, ""), e, down))
             if isinstance(e, ev.RunAdmitted | ev.OwnerClaimed):
                 previous = epoch
             if isinstance(e, ev.RunFinished):
@@ -957,20 +1265,40 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
             # or not the downstream then refused it).
             late = [ts for epoch, ts in claims if epoch > x.epoch and ts < x.started]
             if late:
-                report.zombie_executions += 1
+                # The ledger's start is the handler's first line, a moment after the
+                # runner's gate let the attempt start: a worker frozen in between (its
+                # attempt dispatched and its gate passed before the freeze, so before the
+                # claim) starts its handler just after it wakes. That is no zombie
+                # execution (the downstream's fencing settles it), and is counted apart.
+                actor = life_by_name.get(x.worker)
+                sent = dispatched.get((x.key, x.epoch), float("inf"))
+                frozen = actor is not None and any(
+                    sent <= stopped <= min(late)
+                    and resumed <= x.started <= resumed + FROZEN_START_S
+                    for stopped, resumed in actor.pauses if resumed)
+                if frozen:
+                    report.attempts_frozen_at_start += 1
+                else:
+                    report.zombie_executions += 1
                 _append_line(base / "zombies.jsonl", json.dumps({
                     **x._asdict(), "claimed_at": min(late),
-                    "late_by_s": round(x.started - min(late), 6)}))
+                    "late_by_s": round(x.started - min(late), 6),
+                    "cause": "frozen between its gate and its handler" if frozen
+                    else "zombie execution"}))
     report.executed_without_intent = sum(1 for k in executions if k not in intents)
     report.duplicate_executions = sum(n - 1 for k, n in executions.items()
                                       if n > 1 and tool_of.get(k) != "charge")
     for n in notes:
         if n.get("kind") == "error":
             report.worker_errors += 1
+        elif n.get("kind") == "unavailable":
+            report.journal_unavailable_retries += 1
         elif n.get("kind") == "result":
             if n["status"] == "journal_unavailable":
                 report.zombie_appends_refused += REFUSED in n["explanation"]
                 report.self_fenced += SELF_FENCED in n["explanation"]
+                report.runs_unavailable += not (REFUSED in n["explanation"]
+                                                or SELF_FENCED in n["explanation"])
             elif n["status"] != "rejected":
                 # A result given to a worker: its RunFinished is in the journal, in the
                 # stretch that worker owned.
@@ -987,7 +1315,8 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
 
 
 def _takeover(report: DrillReport, unowned: list[float], life_of: dict[str, _Life],
-              person: str, previous: str, claim: ev.OwnerClaimed) -> dict[str, Any]:
+              person: str, previous: str, claim: ev.OwnerClaimed,
+              down: list[list[float]] | None = None) -> dict[str, Any]:
     """Count a takeover, and how long the run had nobody to drive it before it."""
     record: dict[str, Any] = {"run_id": claim.run_id, "epoch": claim.epoch, "at": claim.ts,
                               "by": claim.owner, "from": previous}
@@ -1018,27 +1347,42 @@ def _takeover(report: DrillReport, unowned: list[float], life_of: dict[str, _Lif
     if since:
         # The bound is on boundloop's takeover, so it counts only the time in which another
         # worker could take the run: at a few faults per second there are moments when
-        # every worker is frozen, killed or still starting, and nothing can claim anything.
-        able = _able_time(life_of.values(), previous, since, claim.ts)
+        # every worker is frozen, killed or still starting, and nothing can claim anything;
+        # nor while the server is down (that time is counted apart).
+        able = _able_time(life_of.values(), previous, since, claim.ts, down)
         unowned.append(able)
         report.max_unowned_wall_s = max(report.max_unowned_wall_s,
                                         round(claim.ts - since, 3))
+        server_down = _overlap(since, claim.ts, down or [])
+        report.max_unowned_server_down_s = max(report.max_unowned_server_down_s,
+                                               round(server_down, 3))
         record["unowned_s"] = round(able, 3)
         record["unowned_wall_s"] = round(claim.ts - since, 3)
+        if server_down:
+            record["server_down_s"] = round(server_down, 3)
     return {**record, "cause": cause}
 
 
-def _able_time(lives: Iterable[_Life], previous: str, since: float, until: float) -> float:
+def _able_time(lives: Iterable[_Life], previous: str, since: float, until: float,
+               down: list[list[float]] | None = None) -> float:
     """Seconds of [since, until] in which some worker other than ``previous`` was able to
-    take runs over (ready, not frozen, alive)."""
+    take runs over (ready, not frozen, alive) and the server was up (``down``: the
+    [went down, back up] stretches of a PostgreSQL server's restarts)."""
     spans = sorted((max(a, since), min(b, until)) for life in lives if life.owner != previous
                    for a, b in life.able() if a < until and b > since)
     total, end = 0.0, since
     for a, b in spans:
         if b > end:
-            total += b - max(a, end)
+            start = max(a, end)
+            total += b - start - _overlap(start, b, down or [])
             end = b
     return total
+
+
+def _overlap(since: float, until: float, stretches: Iterable[list[float]]) -> float:
+    """Seconds of [since, until] inside the (disjoint) ``stretches`` [a, b] (b = 0: not
+    over yet)."""
+    return sum(max(0.0, min(until, b or until) - max(since, a)) for a, b in stretches)
 
 
 def format_report(report: DrillReport, command: str) -> str:
@@ -1052,12 +1396,31 @@ def format_report(report: DrillReport, command: str) -> str:
     return f"crash-recovery drill: {verdict}\n{body}{notes}\nreproduce: {command}"
 
 
+def _masked(url: str) -> str:
+    """``url`` with its password, if any, as ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+
+
 def command(runs: int, kills: int, seed: int, workers: int = 2, pause: bool = False,
-            lease_s: float = 1.0, pidns: bool | None = None) -> str:
+            lease_s: float = 1.0, pidns: bool | None = None, journal: str | None = None,
+            pgdata: str | None = None, restart_cmd: str | None = None,
+            restarts: int | None = None) -> str:
     """The ``boundloop drill`` command line of these settings."""
+    import shlex
+
     extra = (f" --workers {workers}" if workers != 2 else "") + (" --pause" if pause else "") \
         + (f" --lease {lease_s:g}" if lease_s != 1.0 else "") \
-        + ("" if pidns is None else " --pidns" if pidns else " --no-pidns")
+        + ("" if pidns is None else " --pidns" if pidns else " --no-pidns") \
+        + (f" --journal {shlex.quote(_masked(journal))}" if journal else "") \
+        + (f" --pgdata {shlex.quote(str(pgdata))}" if pgdata else "") \
+        + (f" --pg-restart-cmd {shlex.quote(restart_cmd)}" if restart_cmd else "") \
+        + (f" --pg-restarts {restarts}" if restarts is not None else "")
     return f"boundloop drill --runs {runs} --kills {kills} --seed {seed}{extra}"
 
 

@@ -183,7 +183,7 @@ class Runner:
             self._journal: Journal = journal
         elif url is not None:
             # postgresql:// (SPEC 12); any other scheme is a ConfigError naming those.
-            self._journal = postgres.open_url(url, sync=sync)
+            self._journal = postgres.open_url(url, sync=sync, lease_s=lease_s)
         else:
             self._journal = lmdb_journal.acquire(journal, sync=sync)
         try:

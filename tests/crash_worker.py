@@ -1,8 +1,9 @@
 """A worker process for crash tests: runs one scripted run and may die mid-way.
 
 Usage: ``python crash_worker.py JOURNAL LEDGER TOOLS [--die] [--fail-at N --mode MODE]``
-where TOOLS is a comma-separated list of tool names called one per step, in order. With
-``--die`` the first handler to run SIGKILLs the process right after its side effect.
+where JOURNAL is an LMDB directory or a ``postgresql://`` URL and TOOLS is a comma-separated
+list of tool names called one per step, in order. With ``--die`` the first handler to run
+SIGKILLs the process right after its side effect.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import boundloop as bl
 from boundloop.journal import LmdbJournal
+from boundloop.journal.postgres import is_url
 from boundloop.testing import FaultyJournal
 
 RUN_ID = "crash-run"
@@ -89,7 +91,13 @@ def main() -> None:
     p.add_argument("--mode", default="kill_before")
     a = p.parse_args()
     names = a.tools.split(",")
-    journal: bl.journal.Journal = LmdbJournal(a.journal)  # type: ignore[attr-defined]
+    journal: bl.journal.Journal  # type: ignore[attr-defined]
+    if is_url(a.journal):
+        from boundloop.journal.postgres import PostgresJournal
+
+        journal = PostgresJournal(a.journal)
+    else:
+        journal = LmdbJournal(a.journal)
     if a.fail_at:
         journal = FaultyJournal(journal, a.fail_at, a.mode)
     with bl.Runner(journal) as runner:

@@ -165,6 +165,34 @@ class JournalContract:
             time.sleep(0.01)
         assert len(got) == 1 and isinstance(got[0], bl.JournalError)
 
+    def test_a_claim_from_an_owner_that_renewed_its_lease_is_refused(
+            self, journal: Journal) -> None:
+        """A claimer judged the owner gone on a record it read earlier; the owner has
+        renewed its lease since (it woke up and went on with its own runs): the claim's
+        transaction reads the owner's record again and refuses the claim. With the lease
+        expired it goes through; a forced resolve claims from a live owner on purpose."""
+        j = journal
+        for rid in ("r", "s"):
+            j.append(rid, 0, [admitted(rid, owner="a")])
+        j.put_owner(OwnerRecord("a", 1, "elsewhere", 1.0, time.time() - 5))  # expired
+        stale = j.owners()  # what the claimer judged on
+        j.put_owner(OwnerRecord("a", 1, "elsewhere", 1.0, time.time() + 30))  # renewed
+        assert stale["a"].lease_until < time.time()
+
+        def claim(rid: str, forced: bool = False) -> list[ev.Event]:
+            return [ev.OwnerClaimed(run_id=rid, ts=time.time(), owner="b", epoch=2), *[
+                ev.CallResolved(run_id=rid, ts=time.time(), execution_id="x",
+                                outcome="failed", forced=True) for _ in range(forced)]]
+
+        with pytest.raises(bl.SequenceConflict, match="alive"):
+            j.append("r", 1, claim("r"))
+        assert j.info("r").owner == "a" and j.info("r").last_seq == 1
+        assert j.append("r", 1, [step("r", 1)], Fence("a", 1)) == 2  # a goes on
+        assert j.append("s", 1, claim("s", forced=True)) == 3  # forced: on purpose
+        j.put_owner(OwnerRecord("a", 1, "elsewhere", 1.0, time.time() - 1))  # gone now
+        assert j.append("r", 2, claim("r")) == 3
+        assert (j.info("r").owner, j.info("r").epoch) == ("b", 2)
+
     # -- expected sequence ------------------------------------------------------------------
     def test_a_conflicting_append_raises_and_stores_nothing(self, journal: Journal) -> None:
         journal.append("r1", 0, [admitted("r1"), step("r1", 1)])

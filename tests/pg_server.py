@@ -151,7 +151,15 @@ class PgServer:
     def restart_immediate(self) -> None:
         """Stop the server as a crash would (``pg_ctl -m immediate``: no checkpoint, WAL
         replay at the next start), then start it again on the same port."""
+        self.crash()
+        self.start_again()
+
+    def crash(self) -> None:
+        """Stop the server as a crash would (``pg_ctl -m immediate``), and leave it down."""
         self._run(self.bins["pg_ctl"], "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def start_again(self) -> None:
+        """Start the server (stopped by ``crash``) again, on the same port."""
         deadline = time.monotonic() + 30
         while True:
             try:

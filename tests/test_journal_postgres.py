@@ -29,8 +29,6 @@ from boundloop.journal.base import Fence, OwnerRecord
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3: pip "
                                                 "install 'boundloop[postgres]'")
-pytest.importorskip("psycopg_pool", reason="PostgreSQL tests need psycopg_pool: pip install "
-                                           "'boundloop[postgres]'")
 
 from pg_server import Missing, PgServer  # noqa: E402
 
@@ -632,3 +630,141 @@ def test_a_server_crash_keeps_every_acknowledged_append(pg: PgServer, tmp_path: 
             stored = [e.step for _, e in list(again.read(rid))[1:]]  # type: ignore[attr-defined]
             assert set(steps) <= set(stored), rid  # every acknowledged append survived
             assert stored == sorted(steps + unacked[rid]), rid  # and nothing else
+
+
+# -- frozen clients and a server that is down -----------------------------------------------
+def test_the_session_timeouts_follow_the_runners_lease(database: str) -> None:
+    """A Runner's first owner record tells the journal its lease: every transaction then
+    ends an idle transaction after half of it, and waits for a row lock at most the lease
+    (at least 1 s)."""
+    from boundloop.journal.postgres import timeouts
+
+    assert timeouts(30.0) == {"idle_in_transaction_session_timeout": 15000,
+                              "lock_timeout": 30000}
+    assert timeouts(0.1) == {"idle_in_transaction_session_timeout": 200, "lock_timeout": 1000}
+    with bl.Runner(database, lease_s=0.6) as runner:
+        j = runner.journal
+        assert isinstance(j, PostgresJournal)
+        assert j.lease_s == pytest.approx(0.6, abs=0.1)
+
+        def show(conn: Any) -> list[str]:
+            return [conn.execute(f"SHOW {name}").fetchone()[0]
+                    for name in ("idle_in_transaction_session_timeout", "lock_timeout",
+                                 "synchronous_commit")]
+
+        assert j._run(show, write=True) == ["300ms", "1s", "on"]
+    with PostgresJournal(database, lease_s=4.0) as given:
+        assert given._run(show, write=True) == ["2s", "4s", "on"]
+
+
+_FROZEN = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from journal_contract import admitted, step
+from boundloop.journal.base import Fence
+from boundloop.journal.postgres import PostgresJournal
+url, schema, go = sys.argv[2:5]
+j = PostgresJournal(url, schema=schema, lease_s=0.4)
+j.append("r", 0, [admitted("r", owner="a")])
+def hook(conn):  # inside the append's transaction, r's row locked
+    j.locked_hook = None
+    print("locked", conn.info.backend_pid, flush=True)
+    while not Path(go).exists():  # frozen in here (SIGSTOP), then let go
+        time.sleep(0.01)
+j.locked_hook = hook
+try:
+    j.append("r", 1, [step("r", 1)], Fence("a", 1))
+    print("stored", flush=True)
+except Exception as exc:
+    print(type(exc).__name__, flush=True)
+j.close()
+"""
+
+
+def test_a_frozen_client_in_a_transaction_does_not_hold_its_runs(pg: PgServer,
+                                                                tmp_path: Path) -> None:
+    """A worker SIGSTOPped inside its append transaction, holding its run's row lock: the
+    server ends its idle transaction after half its lease, so another worker's claim goes
+    through (instead of waiting for the frozen one to wake up); once woken, the frozen
+    worker's append is redone on a new connection, checked afresh, and refused."""
+    url, schema, go = pg.url(), schema_for(tmp_path), tmp_path / "go"
+    proc = subprocess.Popen([sys.executable, "-c", _FROZEN, str(TESTS), url, schema, str(go)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        assert line[:1] == ["locked"], proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGSTOP)
+        frozen_backend = int(line[1])
+        t0 = time.monotonic()
+        with PostgresJournal(url, schema=schema, lease_s=0.4) as other:
+            claim = ev.OwnerClaimed(run_id="r", ts=time.time(), owner="b", epoch=2)
+            assert other.append("r", 1, [claim]) == 2
+            waited = time.monotonic() - t0
+            assert waited < 3.0, waited  # the frozen session was ended after 200 ms
+            assert not _sql(url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s",
+                            (frozen_backend,))
+            go.touch()
+            proc.send_signal(signal.SIGCONT)
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0, err
+            assert out.split() == ["LeaseLost"], (out, err)  # fenced: b owns r at epoch 2
+            info = other.info("r")
+            assert (info.owner, info.epoch, info.last_seq) == ("b", 2, 2)
+            assert [type(e).__name__ for e in other.events("r")] == ["RunAdmitted",
+                                                                     "OwnerClaimed"]
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+            proc.wait()
+
+
+def test_a_server_that_is_down_fails_closed_at_once(pg: PgServer, tmp_path: Path) -> None:
+    """With the server down, appends, reads and owner records fail with JournalUnavailable
+    at once (connections are refused: nothing waits for connect_timeout, nothing is
+    reported stored); the first operation after the server is back works."""
+    j = PostgresJournal(pg.url(), schema=schema_for(tmp_path), connect_timeout=20)
+    try:
+        assert j.append("r", 0, [admitted("r")]) == 1
+        assert [s for s, _ in j.read("r")] == [1]
+        pg.crash()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(bl.JournalUnavailable):
+                j.append("r", 1, [step("r", 1)])
+            with pytest.raises(bl.JournalUnavailable):
+                j.append("r", 1, [step("r", 1)])  # the writer, without a connection now
+            with pytest.raises(bl.JournalUnavailable):
+                list(j.read("r"))
+            with pytest.raises(bl.JournalUnavailable):
+                j.put_owner(OwnerRecord("o", 1, "h", 1.0, time.time() + 5))
+            assert time.monotonic() - t0 < 5.0
+        finally:
+            pg.start_again()
+        t0 = time.monotonic()
+        assert j.append("r", 1, [step("r", 1)]) == 2  # nothing of the failed ones was stored
+        assert [s for s, _ in j.read("r")] == [1, 2]
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        j.close()
+
+
+def test_the_crash_worker_on_a_url(database: str, tmp_path: Path) -> None:
+    """tests/crash_worker.py takes a postgresql:// URL as well as an LMDB directory: killed
+    inside a reconcilable tool's handler, its run is recovered and resumed here."""
+    from crash_worker import RUN_ID, ledger_lines, make_tools, model_for
+
+    ledger = tmp_path / "ledger"
+    out = subprocess.run([sys.executable, str(TESTS / "crash_worker.py"), database,
+                          str(ledger), "book,ship", "--die"], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == -signal.SIGKILL, out.stderr
+    with bl.Runner(database) as runner:
+        [found] = runner.recover()  # its process is gone (this machine, this pid namespace)
+        assert found.run_id == RUN_ID and [u.tool for u in found.unresolved] == ["book"]
+        result = runner.resume(RUN_ID, model=model_for(["book", "ship"]),
+                               tools=make_tools(ledger))
+    assert result.status == "final"  # book reconciled from the ledger, then ship ran once
+    assert [t for _, t in ledger_lines(ledger)] == ["book", "ship"]

@@ -11,7 +11,7 @@ from typing import TypeVar
 import msgspec
 
 from boundloop.errors import ConfigError, UnknownRun
-from boundloop.events import Event
+from boundloop.events import CallResolved, Event, OwnerClaimed
 
 #: Called by the journal's writer once an append is durable (None) or has failed.
 Done = Callable[[BaseException | None], None]
@@ -96,6 +96,19 @@ T = TypeVar("T")
 
 #: One append for ``Journal.submit_many``: (run id, expected seq, events, done, fence).
 Submission = tuple[str, int, Sequence[Event], Done, "Fence | None"]
+
+
+def unforced_claim(fence: Fence | None, events: Sequence[Event], holder: str) -> bool:
+    """True when an append of ``events`` claims a run that ``holder`` owns, and is not a
+    forced resolve: then the backend judges ``holder`` once more in the claim's own
+    transaction, on its owner record as it is then (``boundloop.owners.owner_alive``), and
+    refuses the claim (``SequenceConflict``) if it is alive. A claimer that judged the owner
+    gone on a record read earlier (the owner renewed its lease since: it woke up) must not
+    land a claim while that owner starts attempts. A forced resolve claims from a live owner
+    on purpose (SPEC 6)."""
+    return fence is None and bool(holder) and any(
+        isinstance(e, OwnerClaimed) and e.owner != holder for e in events) and not any(
+        isinstance(e, CallResolved) and e.forced for e in events)
 
 
 def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[T]]:

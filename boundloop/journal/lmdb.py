@@ -63,8 +63,10 @@ from boundloop.journal.base import (
     Submission,
     batches,
     check_run_id,
+    unforced_claim,
     valid_run_id,
 )
+from boundloop.owners import owner_alive
 
 _SEP = b"\x00"
 
@@ -883,6 +885,14 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         if last != req.expected_seq:
             return SequenceConflict(f"run {req.run_id!r} is at sequence {last}, not "
                                     f"{req.expected_seq}; another writer appended first")
+        if info is not None and unforced_claim(fence, req.events, info.owner):
+            # Judged once more here, on the owner's record as it is now (see unforced_claim).
+            raw_owner = txn.get(info.owner.encode(), db=self._owners)
+            body = None if raw_owner is None else chain.verified(raw_owner)
+            if owner_alive(None if body is None else _owner_dec.decode(body)):
+                return SequenceConflict(
+                    f"run {req.run_id!r} is owned by {info.owner!r}, which is alive (it "
+                    "renewed its lease after it was judged gone); the claim is refused")
         now = time.time()
         new = info is None
         if info is None:

@@ -1,7 +1,7 @@
 """The PostgreSQL journal (SPEC 12): the LMDB journal's contract, shared by many machines.
 
-``PostgresJournal("postgresql://user@host/db")`` keeps the journal in PostgreSQL (psycopg 3
-and ``psycopg_pool``; extra ``boundloop[postgres]``), so workers on many machines share runs.
+``PostgresJournal("postgresql://user@host/db")`` keeps the journal in PostgreSQL (psycopg 3;
+extra ``boundloop[postgres]``), so workers on many machines share runs.
 It keeps the contract of ``boundloop.journal.base.Journal`` exactly as ``LmdbJournal`` does
 (the same contract suite runs on both): the same events (their msgpack bytes, from
 ``boundloop.journal.codec``), the same hash chain per run (``boundloop.journal.chain``),
@@ -47,7 +47,20 @@ When the connection is lost during COMMIT, the outcome is unknown to the client;
 then reconnects, waits for the old server process to be gone, and reads back the links it
 wrote: an append whose last link is there is reported stored, any other fails with
 ``JournalUnavailable``. A connection lost before COMMIT is retried once on a new connection
-(nothing was stored). Reads and small writes retry once on a new connection too.
+(nothing was stored; the retry is checked afresh, fence included). Reads and small writes
+retry once on a new connection too. Nothing waits for a server that is down: connections are
+made when needed (never retried in the background with a backoff), a refused connection is
+``JournalUnavailable`` at once, and the journal is usable again at the first operation after
+the server is back (a server restart fails the appends in flight closed, and no more).
+
+**A frozen client** (a worker paused or partitioned in the middle of a transaction) must not
+hold the rows of its runs: every transaction sets ``idle_in_transaction_session_timeout`` to
+half the lease (at least 200 ms), so the server ends such a session, and frees its row locks,
+before the client's lease has run out and its runs may be claimed; ``lock_timeout`` (the
+lease, at least 1 s) bounds any other wait for a row, and TCP keepalives (and
+``tcp_user_timeout``) bound a wait on a server that vanished, unless the URL sets its own.
+The lease is ``lease_s=`` when given, else learned from the first owner record a runner
+registers through the journal (its ``lease_until``; ``set_lease`` changes it), else 30 s.
 
 **Reads** are one statement each (one snapshot) and check the chain as LMDB's do: the
 sequence is dense, every record matches its link, the chain ends at the row's head; any
@@ -60,6 +73,12 @@ leases are wall-clock times written by each runner, so the workers' clocks must 
 within ``lease_s``), skipping with ``FOR UPDATE SKIP LOCKED`` runs that another worker is
 appending to (claiming) right now. The claim itself is an append at the run's last sequence,
 fenced as every append is: of two workers claiming one run, one gets ``SequenceConflict``.
+The claim's transaction judges the run's owner once more, on its owner record as it is then,
+by the rules of ``boundloop.owners.owner_alive`` (this machine's process check, else the
+lease): a claim decided on a record read earlier, from an owner that has renewed its lease
+since (a worker that woke up and went on with its own runs), is refused with
+``SequenceConflict``, so it never lands while that owner starts attempts. A forced resolve
+(``CallResolved.forced``) claims from a live owner on purpose and is not checked.
 """
 
 from __future__ import annotations
@@ -97,16 +116,16 @@ from boundloop.journal.base import (
     RunInfo,
     batches,
     check_run_id,
+    unforced_claim,
     valid_run_id,
 )
+from boundloop.owners import owner_alive
 
 try:
     import psycopg
-    import psycopg_pool
     from psycopg import conninfo as _conninfo
 except ImportError:  # pragma: no cover - reported when a journal is opened
     psycopg = None  # type: ignore[assignment]
-    psycopg_pool = None  # type: ignore[assignment]
 
 __all__ = ["PostgresJournal", "SCHEMA_VERSION", "SCHEMES", "is_url", "open_url", "url_scheme"]
 
@@ -135,8 +154,10 @@ def url_scheme(value: object) -> str | None:
 
 
 def open_url(url: str, *, sync: bool = True, readonly: bool = False,
-             create: bool = True) -> PostgresJournal:
-    """The journal a URL names (``bl.Runner(url)``, ``--journal URL``).
+             create: bool = True, lease_s: float | None = None) -> PostgresJournal:
+    """The journal a URL names (``bl.Runner(url)``, ``--journal URL``); ``lease_s`` is the
+    lease of the runner that opens it (the session timeouts follow it; default: learned
+    from the runner's first owner record).
 
     Raises:
         ConfigError: the URL's scheme names no journal backend (the message names those
@@ -148,7 +169,7 @@ def open_url(url: str, *, sync: bool = True, readonly: bool = False,
         raise ConfigError(f"a journal URL of scheme {scheme or url!r} names no journal "
                           "backend: use postgresql://user@host/db (or postgres://) for "
                           "PostgreSQL, or a directory path for LMDB")
-    return PostgresJournal(url, sync=sync, readonly=readonly, create=create)
+    return PostgresJournal(url, sync=sync, readonly=readonly, create=create, lease_s=lease_s)
 
 
 class _Index(RunInfo):
@@ -258,6 +279,8 @@ _SQL = {
     "owners": "SELECT owner, pid, host, started, lease_until, boot_id, pidns "
               "FROM @.boundloop_owners ORDER BY owner",
     "remove_owner": "DELETE FROM @.boundloop_owners WHERE owner = %s",
+    "claim_owners": "SELECT owner, pid, host, started, lease_until, boot_id, pidns "
+                    "FROM @.boundloop_owners WHERE owner = ANY(%s)",
     "prune": "WITH gone AS (DELETE FROM @.boundloop_runs WHERE run_id = ANY(%s) "
              "AND finished_ts IS NOT NULL AND finished_ts < %s RETURNING run_id), "
              "recs AS (DELETE FROM @.boundloop_events WHERE run_id IN "
@@ -273,11 +296,125 @@ _SYNC_ON = ("SELECT set_config('synchronous_commit', CASE WHEN "
             "current_setting('synchronous_commit') = 'remote_apply' THEN 'remote_apply' "
             "ELSE 'on' END, true)")
 _SYNC_OFF = "SELECT set_config('synchronous_commit', 'off', true)"
+#: The lease the session timeouts follow until one is given or learned (Runner's default).
+DEFAULT_LEASE_S = 30.0
+
+
+def timeouts(lease_s: float) -> dict[str, int]:
+    """The server-side timeouts, in milliseconds, of a journal whose runners hold leases of
+    ``lease_s``: an idle transaction is ended after half the lease (at least 200 ms), before
+    its runs can be claimed; a wait for a row lock after the lease (at least 1 s)."""
+    lease_ms = max(float(lease_s), 0.0) * 1000
+    return {"idle_in_transaction_session_timeout": max(200, int(lease_ms / 2)),
+            "lock_timeout": max(1000, int(lease_ms))}
+
+
+def _keepalives(url: str, lease_s: float) -> dict[str, Any]:
+    """TCP keepalives and ``tcp_user_timeout`` from the lease (a dead server is noticed
+    within about the lease), for the parameters the URL does not set itself."""
+    try:
+        given = _conninfo.conninfo_to_dict(url)
+    except Exception:  # noqa: BLE001 - a bad URL is reported when connecting
+        given = {}
+    lease = max(float(lease_s), 1.0)
+    wanted: dict[str, Any] = {"keepalives": 1, "keepalives_idle": max(1, int(lease / 2)),
+              "keepalives_interval": 1, "keepalives_count": 3,
+              "tcp_user_timeout": int(lease * 2000)}
+    return {k: v for k, v in wanted.items() if k not in given}
+
+
+class _Conns:
+    """The readers' connections: at most ``size`` at once, made when one is needed (never
+    in the background, so never after a backoff), an idle one reused when there is one.
+    A connection that was lost, or that is left inside a transaction, is closed, not
+    reused; ``discard_idle`` closes every idle one (after a server restart broke them)."""
+
+    def __init__(self, connect: Callable[[], Any], size: int, wait_s: float) -> None:
+        self._new = connect
+        self._size = max(1, size)
+        self._wait_s = wait_s
+        self._idle: list[Any] = []
+        self._busy = 0
+        self._cond = threading.Condition()
+        self._closed = False
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[Any]:
+        conn = self._get()
+        try:
+            yield conn
+        finally:
+            self._put(conn)
+
+    def _get(self) -> Any:
+        deadline = time.monotonic() + self._wait_s
+        stale: list[Any] = []
+        try:
+            with self._cond:
+                while True:
+                    if self._closed:
+                        raise JournalUnavailable("the journal is closed; open it again")
+                    while self._idle:
+                        conn = self._idle.pop()
+                        if _lost(conn):
+                            stale.append(conn)
+                            continue
+                        self._busy += 1
+                        return conn
+                    if self._busy < self._size:
+                        self._busy += 1
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise JournalUnavailable(f"no free connection within {self._wait_s:g}s "
+                                                 f"({self._size} in use)")
+                    self._cond.wait(left)
+        finally:
+            for conn in stale:
+                _close(conn)
+        try:
+            return self._new()
+        except BaseException:
+            with self._cond:
+                self._busy -= 1
+                self._cond.notify()
+            raise
+
+    def _put(self, conn: Any) -> None:
+        keep = not _lost(conn) and conn.info.transaction_status == _IDLE
+        with self._cond:
+            self._busy -= 1
+            if keep and not self._closed:
+                self._idle.append(conn)
+                conn = None
+            self._cond.notify()
+        if conn is not None:
+            _close(conn)
+
+    def discard_idle(self) -> None:
+        with self._cond:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            _close(conn)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self.discard_idle()
+
+
+def _close(conn: Any) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
+
+
+_IDLE = psycopg.pq.TransactionStatus.IDLE if psycopg is not None else None
 
 
 def _need_psycopg() -> None:
     if psycopg is None:
-        raise ConfigError("a PostgreSQL journal needs psycopg 3 and psycopg_pool: pip install "
+        raise ConfigError("a PostgreSQL journal needs psycopg 3: pip install "
                           "'boundloop[postgres]'")
 
 
@@ -311,6 +448,16 @@ def _lost(conn: Any) -> bool:
 
 def _tag(event: ev.Event) -> str:
     return str(type(event).__struct_config__.tag)
+
+
+def _owner(row: Sequence[Any]) -> OwnerRecord:
+    return OwnerRecord(row[0], int(row[1]), row[2], float(row[3]), float(row[4]), row[5],
+                       row[6])
+
+
+def _claims_from(req: _Request, owner: str) -> bool:
+    """``base.unforced_claim`` of a request."""
+    return unforced_claim(req.fence, req.events, owner)
 
 
 def _index(row: Sequence[Any]) -> _Index:
@@ -356,6 +503,9 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             ``JournalUnavailable``); an older schema is migrated either way.
         pool_size: most connections the readers use at once (the writer has its own).
         connect_timeout: seconds to wait for the server when connecting.
+        lease_s: the lease of the runners using the journal, which the server-side
+            timeouts follow (see the module's docstring; default: learned from the first
+            owner record registered through the journal, else 30 s).
 
     Raises:
         JournalUnavailable: the server cannot be reached, or the journal's schema is of
@@ -365,7 +515,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
 
     def __init__(self, url: str, *, sync: bool = True, schema: str | None = None,
                  readonly: bool = False, create: bool = True, pool_size: int = 8,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, lease_s: float | None = None) -> None:
         _need_psycopg()
         if not isinstance(url, str) or not url:
             raise ConfigError("a PostgreSQL journal needs a connection URL, e.g. "
@@ -388,7 +538,15 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         #: Test hook: called with the cursor inside every append transaction, after its
         #: synchronous_commit is set and before anything is written.
         self.transaction_hook: Callable[[Any], None] | None = None
+        #: Test hook: called with the connection inside every append transaction once the
+        #: rows of its runs are locked (a client frozen there holds them).
+        self.locked_hook: Callable[[Any], None] | None = None
         self._sync_sql = _SYNC_ON if sync else _SYNC_OFF
+        self._lease_given = lease_s is not None
+        self._owners_seen: set[str] = set()
+        self.lease_s = DEFAULT_LEASE_S
+        self._begin_sql = self._sync_sql
+        self.set_lease(DEFAULT_LEASE_S if lease_s is None else lease_s)
         conn = self._connect(autocommit=True)
         try:
             self.schema = self._schema_of(conn, schema)
@@ -403,18 +561,8 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             raise
         conn.close()
         self._writer_conn: Any = None
-        try:
-            self._pool = psycopg_pool.ConnectionPool(
-                url, min_size=1, max_size=max(1, pool_size), open=False,
-                kwargs={"autocommit": True, "connect_timeout": max(1, int(connect_timeout))},
-                configure=self._configure, name="boundloop-journal", timeout=connect_timeout,
-                num_workers=1)
-            self._pool.open(wait=True, timeout=connect_timeout)
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                self._pool.close(timeout=1.0)
-            raise JournalUnavailable(f"cannot open a pool of connections to {self.name}: "
-                                     f"{exc}") from None
+        self._pool = _Conns(lambda: self._connect(autocommit=True), pool_size,
+                            self.connect_timeout)
         self._queue: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="boundloop-journal-pg",
                                         daemon=True)
@@ -425,14 +573,22 @@ class PostgresJournal(keys.KeyedJournal, Journal):
     def _sql(self, text: str) -> str:
         return text.replace("@.", _quote_ident(self.schema) + ".")
 
-    def _configure(self, conn: Any) -> None:
-        if self.readonly:
-            conn.execute("SET default_transaction_read_only = on")
+    def set_lease(self, lease_s: float) -> None:
+        """Make the server-side timeouts follow runners' leases of ``lease_s`` (see
+        ``timeouts``); from the next transaction on, and for new connections."""
+        if isinstance(lease_s, bool) or not isinstance(lease_s, int | float) \
+                or not lease_s > 0:
+            raise ConfigError(f"lease_s must be a positive number of seconds, got {lease_s!r}")
+        self.lease_s = float(lease_s)
+        settings = "".join(f", set_config('{k}', '{v}ms', true)"
+                           for k, v in timeouts(self.lease_s).items())
+        self._begin_sql = self._sync_sql + settings  # one string: swapped atomically
 
     def _connect(self, autocommit: bool) -> Any:
         try:
             conn = psycopg.connect(self.url, autocommit=autocommit,
-                                   connect_timeout=max(1, int(self.connect_timeout)))
+                                   connect_timeout=max(1, int(self.connect_timeout)),
+                                   **_keepalives(self.url, self.lease_s))
         except psycopg.Error as exc:
             raise JournalUnavailable(f"cannot connect to {self.name}: "
                                      f"{str(exc).strip() or type(exc).__name__}") from None
@@ -503,6 +659,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
                 raise JournalUnavailable(f"no journal in {self.name}; run a command that "
                                          "creates one, or pass the right --journal")
             with conn.transaction():
+                conn.execute(self._begin_sql)  # a frozen opener does not hold the lock long
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(self.schema),))
                 if conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s",
                                 (self.schema,)).fetchone() is None:
@@ -538,11 +695,10 @@ class PostgresJournal(keys.KeyedJournal, Journal):
                                                     psycopg.errors.IndexCorrupted)):
             return JournalCorrupt(f"the journal in {self.name} is damaged: PostgreSQL "
                                   f"reports {exc}; restore it from a backup")
-        if psycopg_pool is not None and isinstance(exc, psycopg_pool.PoolClosed):
-            return JournalUnavailable(f"the journal in {self.name} is closed; open it again")
-        if psycopg_pool is not None and isinstance(exc, psycopg_pool.PoolTimeout):
-            return JournalUnavailable(f"no connection to {self.name} within "
-                                      f"{self.connect_timeout:g}s; is the server up?")
+        if psycopg is not None and isinstance(exc, psycopg.errors.LockNotAvailable):
+            return JournalUnavailable(f"journal error: {self.name}: a run's row stayed locked "
+                                      f"by another session past lock_timeout; nothing of "
+                                      "this append was stored")
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return JournalUnavailable(f"journal error: {self.name}: {text}")
 
@@ -553,22 +709,21 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         self._usable(write=write)
         for attempt in range(2):
             try:
-                with self._pool.connection(timeout=self.connect_timeout) as conn:
+                with self._pool.connection() as conn:
                     if not write:
                         return fn(conn)
                     with conn.transaction():
-                        conn.execute(self._sync_sql)
+                        conn.execute(self._begin_sql)
                         return fn(conn)
             except JournalError:
                 raise
             except psycopg.OperationalError as exc:
                 if attempt == 0 and not self._closed:
-                    # The server may have restarted: drop every idle connection it broke.
-                    with contextlib.suppress(Exception):
-                        self._pool.check()
+                    # The server may have restarted: every idle connection is broken too.
+                    self._pool.discard_idle()
                     continue
                 raise self._error(exc) from None
-            except (psycopg.Error, psycopg_pool.PoolTimeout, psycopg_pool.PoolClosed) as exc:
+            except psycopg.Error as exc:
                 raise self._error(exc) from None
         raise AssertionError("unreachable")
 
@@ -655,8 +810,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         if self._writer.is_alive() and threading.current_thread() is not self._writer:
             self._writer.join()
         if os.getpid() == self.pid:
-            with contextlib.suppress(Exception):
-                self._pool.close(timeout=5.0)
+            self._pool.close()
 
     def __repr__(self) -> str:
         return f"PostgresJournal({self.name!r})"
@@ -739,7 +893,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
     def _begin(self, cur: Any) -> None:
         # Every statement whose rows are fetched has a cursor of its own: in pipeline mode a
         # cursor's earlier result can arrive after its next execute and be taken for it.
-        cur.connection.execute(self._sync_sql)
+        cur.connection.execute(self._begin_sql)
         hook = self.transaction_hook
         if hook is not None:
             hook(cur.connection.cursor())
@@ -753,9 +907,9 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             committing = False
             backend = conn.info.backend_pid
             try:
-                with conn.pipeline(), conn.cursor() as cur:
+                with conn.pipeline() as pipeline, conn.cursor() as cur:
                     self._begin(cur)
-                    outcome = self._apply(cur, batch)
+                    outcome = self._apply(cur, batch, pipeline)
                     if any(e is None for e in outcome.errors):
                         committing = True
                         conn.commit()
@@ -876,21 +1030,35 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             self.appended += len(proven)
         return errors
 
-    def _apply(self, cur: Any, reqs: Sequence[_Request]) -> _Outcome:
+    @staticmethod
+    def _fetch(conn: Any, pipeline: Any, sql: str, params: Any) -> list[Any]:
+        """The rows of one statement, on a cursor of its own. In pipeline mode its results
+        are fetched with a Sync, not a flush request: the server then knows the session is
+        idle in its transaction, and its idle_in_transaction_session_timeout applies (a
+        client frozen while it holds its runs' rows loses them, not the others their runs)."""
+        cur = conn.execute(sql, params)
+        if pipeline is not None:
+            pipeline.sync()
+        return cur.fetchall()  # type: ignore[no-any-return]
+
+    def _apply(self, cur: Any, reqs: Sequence[_Request], pipeline: Any = None) -> _Outcome:
         """Check and write ``reqs`` in the open transaction (not committed): every append is
         checked, in order, before anything of it is written (see the module's docstring)."""
         now = time.time()
         ids = sorted({r.run_id for r in reqs})
         conn = cur.connection  # a new cursor for each statement whose rows are fetched
         rows: dict[str, _Index] = {
-            row[0]: _index(row) for row in conn.execute(self._q["lock"], (ids,)).fetchall()}
+            row[0]: _index(row) for row in self._fetch(conn, pipeline, self._q["lock"], (ids,))}
+        hook = self.locked_hook
+        if hook is not None:
+            hook(conn)
         create = [rid for rid in ids if rid not in rows
                   and any(r.run_id == rid and r.expected_seq == 0 for r in reqs)]
         fresh: set[str] = set()
         if create:
-            made = {rid: int(order) for rid, order in conn.execute(self._q["create"], (
-                create, [now] * len(create), [now] * len(create),
-                [chain.seed(rid) for rid in create])).fetchall()}
+            made = {rid: int(order) for rid, order in self._fetch(conn, pipeline, self._q[
+                "create"], (create, [now] * len(create), [now] * len(create),
+                            [chain.seed(rid) for rid in create]))}
             for rid, order in made.items():
                 rows[rid] = _Index(rid, order, created_ts=now, updated_ts=now,
                                    head=chain.seed(rid))
@@ -898,7 +1066,17 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             late = [rid for rid in create if rid not in made]
             if late:  # created by another writer meanwhile (and committed)
                 rows.update((row[0], _index(row))
-                            for row in conn.execute(self._q["lock"], (late,)).fetchall())
+                            for row in self._fetch(conn, pipeline, self._q["lock"], (late,)))
+        # An unforced claim of a run another owner holds is checked here, in the claim's
+        # transaction, against that owner's record as it is now (the claimer judged it
+        # gone on a record it read earlier: the owner may have renewed its lease since).
+        claimed = {r.run_id for r in reqs if r.run_id in rows
+                   and _claims_from(r, rows[r.run_id].owner)}
+        alive: dict[str, OwnerRecord] = {}
+        if claimed:
+            previous = sorted({rows[rid].owner for rid in claimed})
+            alive = {row[0]: _owner(row) for row in self._fetch(
+                conn, pipeline, self._q["claim_owners"], (previous,))}
         used: set[str] = set()
         errors: list[BaseException | None] = []
         proofs: list[tuple[int, str, int, bytes]] = []
@@ -928,6 +1106,12 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             assert info is not None  # a missing run with expected_seq 0 was created above
             if len(info.head) != chain.LINK_SIZE:
                 errors.append(chain.ChainError(rid, last, "the run's row holds no chain head"))
+                continue
+            if rid in claimed and owner_alive(alive.get(info.owner)) \
+                    and _claims_from(req, info.owner):
+                errors.append(SequenceConflict(
+                    f"run {rid!r}: its owner {info.owner!r} is alive (its lease was renewed "
+                    "after it was judged gone); the claim is refused"))
                 continue
             new = msgspec.structs.replace(info)
             epochs: list[int] = []
@@ -1118,6 +1302,10 @@ class PostgresJournal(keys.KeyedJournal, Journal):
 
     # -- owners --------------------------------------------------------------------------
     def put_owner(self, record: OwnerRecord) -> None:
+        if not self._lease_given and record.owner not in self._owners_seen:
+            # A runner's first record: its lease_until is now + its lease_s.
+            self._owners_seen.add(record.owner)
+            self.set_lease(max(round(record.lease_until - time.time(), 2), 0.1))
         self._run(lambda conn: conn.execute(self._q["put_owner"], (
             record.owner, record.pid, record.host, record.started, record.lease_until,
             record.boot_id, record.pidns)), write=True)
@@ -1126,8 +1314,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         self._run(lambda conn: conn.execute(self._q["remove_owner"], (owner,)), write=True)
 
     def owners(self) -> dict[str, OwnerRecord]:
-        return {r[0]: OwnerRecord(r[0], int(r[1]), r[2], float(r[3]), float(r[4]), r[5], r[6])
-                for r in self._rows("owners")}
+        return {r[0]: _owner(r) for r in self._rows("owners")}
 
     # -- retention -----------------------------------------------------------------------
     def prune(self, finished_before: float, dry_run: bool = False,
