@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,24 @@ def _state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         mp.setenv("XDG_STATE_HOME", str(state))
         mp.delenv("BOUNDLOOP_REDACTION_KEY_FILE", raising=False)
         yield state
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[Any]:
+    """One real PostgreSQL 15 server on loopback for the session (tests/pg_server.py),
+    started on first use and stopped at the end; skipped loudly when the binaries are
+    missing."""
+    from pg_server import Missing, PgServer
+
+    try:
+        server = PgServer()
+    except Missing as exc:
+        pytest.skip(f"PostgreSQL TESTS SKIPPED: {exc}")
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture

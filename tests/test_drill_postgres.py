@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,9 @@ import pytest
 pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3: pip install "
                                       "'boundloop[postgres]'")
 
-from pg_server import Missing, PgServer  # noqa: E402
+from pg_server import PgServer  # noqa: E402
 
 from boundloop.drill import _able_time, _Life, _overlap, can_unshare, pg_restart_argv  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PgServer]:
-    try:
-        server = PgServer()
-    except Missing as exc:
-        pytest.skip(f"PostgreSQL TESTS SKIPPED: {exc}")
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 def drill(tmp: Path, *args: str, timeout: float = 150) -> dict[str, Any]:

@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,24 +29,11 @@ from boundloop.journal.base import Fence, OwnerRecord
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3: pip "
                                                 "install 'boundloop[postgres]'")
 
-from pg_server import Missing, PgServer  # noqa: E402
+from pg_server import PgServer  # noqa: E402
 
 from boundloop.journal.postgres import PostgresJournal  # noqa: E402
 
 TESTS = Path(__file__).parent
-
-
-@pytest.fixture(scope="session")
-def pg() -> Iterator[PgServer]:
-    try:
-        server = PgServer()
-    except Missing as exc:
-        pytest.skip(f"PostgreSQL TESTS SKIPPED: {exc}")
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
 
 
 def schema_for(path: Path) -> str:
