@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from opentelemetry import metrics, trace
 from opentelemetry.metrics import Meter, MeterProvider, NoOpMeterProvider
@@ -16,10 +17,7 @@ from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerP
 from boundloop import events as ev
 from boundloop.errors import ConfigError
 from boundloop.telemetry import names as n
-from boundloop.telemetry.projection import Fanout, Projection, Sink
-
-if TYPE_CHECKING:
-    from boundloop.policy.replay import RunState
+from boundloop.telemetry.projection import Fanout, Projection, Sink, StateView
 
 try:  # the API's stand-in until an SDK is set globally (private name, stable since 1.10)
     from opentelemetry.metrics._internal import _ProxyMeterProvider as _ProxyMeters
@@ -99,12 +97,12 @@ class OtelMetrics:
                     pending[key] = pending.get(key, 0) + value
                 if first:
                     schedule()
+        elif not metric.attributes:  # no attribute dict at all: the SDK's cheapest path
+            fn = self._instruments[metric.name]
         else:
-            method = self._instruments[metric.name]
-            attrs = self._attributes(metric.name, metric.attributes, values)
-
-            def fn(value: float) -> None:
-                method(value, attrs)
+            fn = functools.partial(self._instruments[metric.name],
+                                   attributes=self._attributes(metric.name, metric.attributes,
+                                                               values))
 
         if len(self._bound) < 10_000:
             self._bound[key] = fn
@@ -115,7 +113,9 @@ class OtelMetrics:
         with self._lock:
             if not self._pending:
                 return
-            pending, self._pending = self._pending, {}
+            # Emptied in place: the bound counters of ``_bind`` hold this very dict.
+            pending = dict(self._pending)
+            self._pending.clear()
         keys = {m.name: m.attributes for m in n.METRICS}
         for (name, values), total in pending.items():
             self._instruments[name](total, self._attributes(name, keys[name], values))
@@ -130,7 +130,9 @@ class Telemetry:
     global providers (the default) and without an SDK, ``observe`` returns at once (it looks
     for an SDK again at most once a second); with one, spans follow the GenAI conventions
     (``invoke_agent``, ``chat {model}``, ``execute_tool {tool}``) and the metrics are those of
-    ``boundloop.telemetry.names.METRICS``. Counter additions and journal-commit figures wait
+    ``boundloop.telemetry.names.METRICS``. The projection runs on the observing thread, right
+    after each commit, so a run's spans have ended and been exported (by a synchronous span
+    processor) when its result is given. Counter additions and journal-commit figures wait
     at most ``FLUSH_S`` (1 s) before they reach the SDK (``flush`` records them at once: call
     it at shutdown). Nothing it does can fail a run: an error in it is logged (once) to the
     ``boundloop.telemetry`` logger and that observation is dropped. Thread-safe.
@@ -176,6 +178,7 @@ class Telemetry:
         self._timer_lock = threading.Lock()
         self._projection = Projection(None, None, capture_content=capture_content,
                                       max_runs=max_runs, max_attempts=max_attempts)
+        #: Held while the projection works (it is not thread-safe by itself).
         self._lock = threading.Lock()
         #: (latency_s, batch_size) of commits not yet recorded (see ``journal_commit``)
         self._commits: collections.deque[tuple[float, int]] = collections.deque()
@@ -204,17 +207,25 @@ class Telemetry:
             self._given_meters is not None or self._metering)
         self._recheck_at = time.monotonic() + RECHECK_S
 
+    def _recheck(self) -> None:
+        # Never waits: another thread may be projecting (through a slow exporter, even);
+        # the next call looks again.
+        if self._lock.acquire(blocking=False):
+            try:
+                self._refresh()
+            finally:
+                self._lock.release()
+
     @property
     def enabled(self) -> bool:
         """True when spans or metrics go somewhere (an SDK or a sink is configured)."""
         if not self._settled and time.monotonic() >= self._recheck_at:
-            with self._lock:
-                self._refresh()
+            self._recheck()
         return self._live
 
     # -- feeding ----------------------------------------------------------------------
     def observe(self, run_id: str, events: Iterable[ev.Event], *, model: Any = None,
-                state: RunState | None = None) -> None:
+                state: StateView | None = None) -> None:
         """Project the events of run ``run_id`` just made durable, in order.
 
         Call it after each durable commit of the run's events, with their journal form (so
@@ -230,8 +241,7 @@ class Telemetry:
                 than by its RunAdmitted (a resumed run), for its tools and open actions.
         """
         if not self._settled and time.monotonic() >= self._recheck_at:
-            with self._lock:
-                self._refresh()
+            self._recheck()
         if not self._live:
             return
         with self._lock:
@@ -248,11 +258,11 @@ class Telemetry:
         Made for the journal's writer thread, the group commit's critical path: it only
         queues the figures (~0.1 µs); they are recorded by the next ``observe`` (which
         follows every commit) or ``flush``, so the SDK's ~6 µs a measurement is paid off
-        the writer. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself.
+        the writer. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself
+        (unless an ``observe`` is under way: that one records them).
         """
         if not self._settled and time.monotonic() >= self._recheck_at:
-            with self._lock:
-                self._refresh()
+            self._recheck()
         if self._projection.sink is None:
             return
         commits = self._commits
@@ -260,8 +270,13 @@ class Telemetry:
         commits.append((latency_s, batch_size))
         if first:
             self._schedule()
-        elif len(commits) >= MAX_PENDING_COMMITS:
-            self.flush()
+        elif len(commits) >= MAX_PENDING_COMMITS and self._lock.acquire(blocking=False):
+            try:  # never waits for the lock: the writer must not wait on an exporter
+                self._record_commits()
+            except Exception:  # noqa: BLE001 - telemetry must not stop the writer
+                self._complain("recording journal commits")
+            finally:
+                self._lock.release()
 
     def flush(self) -> None:
         """Record what waits (journal commits, counter sums): it happens by itself within

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
 
 import msgspec
 from opentelemetry import trace
@@ -30,9 +30,6 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from boundloop import events as ev
 from boundloop.messages import Final
 from boundloop.telemetry import names as n
-
-if TYPE_CHECKING:
-    from boundloop.policy.replay import RunState
 
 AttrValue = str | bool | int | float
 Attrs = dict[str, AttrValue]
@@ -44,6 +41,27 @@ class Sink(Protocol):
 
     def record(self, metric: n.Metric, value: float, values: tuple[str, ...]) -> None:
         """Add ``value`` to a counter, or observe it in a histogram."""
+
+
+class CallView(Protocol):
+    """What the projection reads of a call of a run's state (``policy.replay.CallRecord``)."""
+
+    @property
+    def tool(self) -> str: ...
+    @property
+    def call_id(self) -> str: ...
+    @property
+    def open(self) -> bool: ...
+
+
+class StateView(Protocol):
+    """What the projection reads of a run's state (``policy.replay.RunState``): the run's
+    calls and its parent."""
+
+    @property
+    def calls(self) -> Mapping[str, CallView]: ...
+    @property
+    def parent_run_id(self) -> str | None: ...
 
 
 class Fanout:
@@ -99,17 +117,25 @@ class _Attempt:
                 n.TOOL_CALL_ID: self.call_id, n.EXECUTION_ID: self.execution_id,
                 n.ATTEMPT: self.attempt, n.RUN_ID: self.run_id}
 
+    @property
+    def span_name(self) -> str:
+        return _tool_span_name(self.tool)
+
 
 class _Run:
     """What the projection keeps of one run while it is open."""
 
     __slots__ = ("run_id", "model", "span", "ctx", "recording", "tools", "open", "attempts",
                  "step", "step_start", "step_end", "step_outcome", "response",
-                 "args", "final_text", "parent_execution_id", "finished")
+                 "args", "final_text", "parent_execution_id", "finished", "chat_name",
+                 "completed")
 
     def __init__(self, run_id: str, model: str | None) -> None:
         self.run_id = run_id
         self.model = model
+        #: the name of its ``chat`` spans, and the model-latency series of a completed step
+        self.chat_name = _chat_span_name(model or n.DEFAULT_MODEL)
+        self.completed = (model or n.DEFAULT_MODEL, "completed")
         self.span: Span | None = None
         self.ctx: Context | None = None
         self.recording = False
@@ -142,6 +168,28 @@ def model_name(model: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
+_TOOL_NAMES: dict[str, str] = {}
+_CHAT_NAMES: dict[str, str] = {}
+
+
+def _tool_span_name(tool: str) -> str:
+    name = _TOOL_NAMES.get(tool)
+    if name is None:
+        name = f"{n.SPAN_TOOL} {tool}"
+        if len(_TOOL_NAMES) < 10_000:
+            _TOOL_NAMES[tool] = name
+    return name
+
+
+def _chat_span_name(model: str) -> str:
+    name = _CHAT_NAMES.get(model)
+    if name is None:
+        name = f"{n.SPAN_CHAT} {model}"
+        if len(_CHAT_NAMES) < 10_000:
+            _CHAT_NAMES[model] = name
+    return name
+
+
 #: The context of a root span: empty, so a run never nests under whatever span happens to be
 #: current on the thread that observes it.
 _ROOT = Context()
@@ -150,6 +198,7 @@ _KIND_VALUES = tuple((k,) for k in n.TOKEN_KINDS)
 _ERROR_STATUSES = frozenset({"model_error", "malformed_response", "needs_review",
                              "journal_unavailable", n.UNFINISHED})
 _ERROR_STEPS = frozenset({"error", "malformed", "deadline"})
+_INTERNAL, _CLIENT = SpanKind.INTERNAL, SpanKind.CLIENT
 
 
 class Projection:
@@ -180,7 +229,7 @@ class Projection:
         self.runs: dict[str, _Run] = {}
         #: open attempts of every run, by execution id (a child run's parent is one)
         self.attempts: dict[str, _Attempt] = {}
-        self._state: RunState | None = None
+        self._state: StateView | None = None
         # Dispatch on the event's type: one dict lookup instead of a chain of isinstance.
         self._handlers: dict[type, Callable[[_Run, Any], None]] = {
             ev.ModelStepStarted: self._step_started, ev.ModelStepCompleted: self._completed,
@@ -194,7 +243,7 @@ class Projection:
 
     # -- feeding ----------------------------------------------------------------------
     def project(self, run_id: str, events: Iterable[ev.Event], *, model: Any = None,
-                state: RunState | None = None) -> None:
+                state: StateView | None = None) -> None:
         """Project ``events`` of run ``run_id`` (in order; any chunking).
 
         ``model`` names the run's ``chat`` spans (see ``model_name``); ``state``, the run's
@@ -256,8 +305,8 @@ class Projection:
             att = self.attempts.get(parent_execution_id)
             if att is not None and att.ctx is not None:
                 if att.span is None:
-                    att.span = self._start_span(f"{n.SPAN_TOOL} {att.tool}", att.ctx,
-                                                att.base_attributes(), att.start_ns, "tool")
+                    att.span = self._start_span(att.span_name, att.ctx, att.base_attributes(),
+                                                att.start_ns, _INTERNAL)
                 return trace.set_span_in_context(att.span)
         if parent_run_id is not None:
             parent = self.runs.get(parent_run_id)
@@ -266,16 +315,14 @@ class Projection:
         return None
 
     def _start_span(self, name: str, ctx: Context | None, attrs: Attrs, start_ns: int,
-                    kind: str) -> Span:
+                    kind: SpanKind) -> Span:
         assert self.tracer is not None
-        return self.tracer.start_span(
-            name, context=ctx if ctx is not None else _ROOT,
-            kind=SpanKind.CLIENT if kind == "chat" else SpanKind.INTERNAL,
-            attributes=attrs, start_time=start_ns)
+        return self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
+                                      kind=kind, attributes=attrs, start_time=start_ns)
 
     def _open_run_span(self, run: _Run, ts: float, parent: Context | None,
                        attrs: Attrs) -> None:
-        span = self._start_span(n.SPAN_RUN, parent, attrs, _ns(ts), "run")
+        span = self._start_span(n.SPAN_RUN, parent, attrs, _ns(ts), _INTERNAL)
         run.span = span
         run.recording = span.is_recording()
         run.ctx = trace.set_span_in_context(span)
@@ -381,8 +428,7 @@ class Projection:
 
     def _completed(self, run: _Run, e: ev.ModelStepCompleted) -> None:
         if self.sink is not None:
-            self.sink.record(n.MODEL_LATENCY, e.latency_s,
-                             (run.model or n.DEFAULT_MODEL, "completed"))
+            self.sink.record(n.MODEL_LATENCY, e.latency_s, run.completed)
         run.step_end, run.step_outcome = e.ts, "completed"
         response = e.response
         if self.capture_content:
@@ -440,8 +486,7 @@ class Projection:
                 attrs[n.COST] = u.cost
         if self.capture_content and run.response is not None:
             attrs[n.OUTPUT_MESSAGES] = content([run.response])
-        span = self._start_span(f"{n.SPAN_CHAT} {name or n.DEFAULT_MODEL}", run.ctx, attrs,
-                                _ns(start), "chat")
+        span = self._start_span(run.chat_name, run.ctx, attrs, _ns(start), _CLIENT)
         if run.step_outcome in _ERROR_STEPS:
             span.set_attribute(n.ERROR_TYPE, run.step_outcome)
             span.set_status(StatusCode.ERROR, run.step_outcome)
@@ -466,7 +511,8 @@ class Projection:
 
     def _dispatched(self, run: _Run, e: ev.CallDispatched) -> None:
         eid = e.execution_id
-        tool = run.tool_of(eid)
+        found = run.tools.get(eid)
+        tool, call_id = found if found is not None else ("unknown", "")
         if e.attempt > 1 and self.sink is not None:
             self.sink.record(n.RETRIES, 1, (tool,))
         run.open[eid] = tool
@@ -475,9 +521,7 @@ class Projection:
         previous = run.attempts.get(eid)
         if previous is not None:
             self._end_attempt(run, previous, n.UNFINISHED, e.ts, None)
-        found = run.tools.get(eid)
-        att = _Attempt(run.run_id, eid, tool, found[1] if found is not None else "", e.attempt,
-                       _ns(e.ts), run.ctx)
+        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, _ns(e.ts), run.ctx)
         run.attempts[eid] = att
         attempts = self.attempts
         if len(attempts) >= self.max_attempts:
@@ -542,7 +586,11 @@ class Projection:
         else:
             end = _ns(ts) if ts is not None else att.start_ns
         end = max(end, att.child_end_ns, att.start_ns)
-        attrs: Attrs = {n.TOOL_OUTCOME: outcome}
+        span = att.span
+        # Made in one go, with all its attributes, when it ends (unless a child run needed
+        # it as a parent earlier).
+        attrs: Attrs = att.base_attributes() if span is None else {}
+        attrs[n.TOOL_OUTCOME] = outcome
         if error is not None:
             attrs[n.ERROR_TYPE] = error
         if self.capture_content:
@@ -551,10 +599,8 @@ class Projection:
                 attrs[n.TOOL_ARGUMENTS] = content(args)
             if result is not None:
                 attrs[n.TOOL_RESULT] = content(result)
-        span = att.span
         if span is None:
-            span = self._start_span(f"{n.SPAN_TOOL} {att.tool}", att.ctx,
-                                    {**att.base_attributes(), **attrs}, att.start_ns, "tool")
+            span = self._start_span(att.span_name, att.ctx, attrs, att.start_ns, _INTERNAL)
         else:
             span.set_attributes(attrs)
         if error is not None or outcome == n.UNFINISHED:
