@@ -588,9 +588,9 @@ def report(figs: dict[str, Figure], targets: list[Target], pg_rows: list[str],
         samples = ", ".join(f"{s:,.4g}" for s in f.samples)
         lines.append(f"| {f.name} | {f.value:,.4g} {f.unit} | {samples} | `{f.command}` | "
                      f"{f.note} |")
-    ratio = [("boundloop W1 / " + k.split("_")[0], figs["bl_1_True"].value / f.value)
+    ratio = [("boundloop W1 / " + k.rsplit("_", 1)[0], figs["bl_1_True"].value / f.value)
              for k, f in figs.items() if k.endswith("_1") and f.samples and "bl_1_True" in figs]
-    ratio += [("boundloop W2 / " + k.split("_")[0], figs["bl_64_True"].value / f.value)
+    ratio += [("boundloop W2 / " + k.rsplit("_", 1)[0], figs["bl_64_True"].value / f.value)
               for k, f in figs.items() if k.endswith("_64") and f.samples
               and "bl_64_True" in figs]
     if ratio:
