@@ -615,6 +615,11 @@ class Runner:
                 ref.stop(timeout=5)
             except pykka.ActorDeadError:
                 pass
+            except pykka.Timeout:
+                # Still busy (a supervisor inside a commit that waits on another process's
+                # write lock, say): its thread is a daemon and its runs stay open in the
+                # journal; closing goes on, so every Future below is settled.
+                pass
         with self._lock:
             futures.extend(self._pending)
         for f in futures:

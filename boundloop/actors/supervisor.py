@@ -13,6 +13,7 @@ its deadline passes, and one still running is abandoned 0.5 s past the deadline 
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -28,7 +29,7 @@ from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import Workers, outcome, tell
-from boundloop.errors import JournalUnavailable, LeaseLost
+from boundloop.errors import JournalError, JournalUnavailable, LeaseLost
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
     Attempt,
@@ -129,7 +130,10 @@ class SupervisorActor(Actor):
         except Exception as exc:  # noqa: BLE001 - the failure rule: end this run, keep serving
             failed = self.runs.get(run_id) if isinstance(run_id, str) else None
             if failed is not None and isinstance(run_id, str):
-                self._fail(run_id, failed, exc)
+                try:
+                    self._fail(run_id, failed, exc)
+                except Exception as worse:  # noqa: BLE001 - ending it failed too
+                    self._abandon(run_id, failed, worse)
         if self._outbox and (len(self._outbox) >= OUTBOX_MAX or self.actor_inbox.empty()):
             self._flush()
         return None
@@ -138,9 +142,27 @@ class SupervisorActor(Actor):
         """Group commit from the actor's own thread: every append of the messages handled
         since the inbox last ran dry, in one transaction, without the hand-offs to a writer
         thread and back (measured: two thread wake-ups per round less). Their completions
-        come back as messages, like any other."""
+        come back as messages, like any other. A journal that raises instead of answering
+        fails every append of the batch not answered yet (each is answered once)."""
         batch, self._outbox = self._outbox, []
-        self.journal.submit_many(batch)
+        try:
+            self.journal.submit_many(batch)
+        except Exception as exc:  # noqa: BLE001 - the failure rule: fail the appends, serve on
+            err = exc if isinstance(exc, JournalError) else JournalUnavailable(
+                f"the journal failed to take an append ({type(exc).__name__}: {exc})")
+            for submission in batch:
+                submission[3](err)
+
+    def _abandon(self, run_id: str, run: _Run, exc: BaseException) -> None:
+        """The last resort when ending a run failed: forget it here and fail its Future;
+        it stays open in the journal, for recovery."""
+        if self.runs.get(run_id) is run:
+            del self.runs[run_id]
+        with contextlib.suppress(Exception):
+            self.on_finished(run_id)
+        with contextlib.suppress(InvalidStateError):
+            if not run.future.done():
+                run.future.set_exception(exc)
 
     def on_stop(self) -> None:
         """Appends still waiting go out (or fail, if the journal is closed)."""
@@ -245,7 +267,8 @@ class SupervisorActor(Actor):
                 def committed(err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, None, err, count, generation))
 
-                self._outbox.append((run_id, run.seq, events, committed, self._fence(run)))
+                self._outbox.append((run_id, run.seq, events, _once(committed),
+                                     self._fence(run)))
             case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
                 self._call_user(run_id, run, fn, args, deadline, cancel)
             case InvokeModel() if self.journal.closed:
@@ -357,7 +380,7 @@ class SupervisorActor(Actor):
 
         seq = run.seq
         run.seq += len(events)
-        self._outbox.append((m.run_id, seq, events, committed, self._fence(run)))
+        self._outbox.append((m.run_id, seq, events, _once(committed), self._fence(run)))
 
     @staticmethod
     def _fence(run: _Run) -> Fence | None:
@@ -371,3 +394,18 @@ class SupervisorActor(Actor):
     def _leased(run: _Run) -> bool:
         lease_ok = run.driver.spec.lease_ok
         return lease_ok is None or lease_ok()
+
+
+def _once(done: Callable[[BaseException | None], None]) -> Callable[[BaseException | None],
+                                                                   None]:
+    """``done``, answered at most once (whichever thread answers first)."""
+    box = [done]
+
+    def answer(err: BaseException | None) -> None:
+        try:
+            fn = box.pop()  # atomic: a second answer finds the box empty
+        except IndexError:
+            return
+        fn(err)
+
+    return answer

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import heapq
 import inspect
 import itertools
@@ -20,7 +19,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from types import FunctionType, MethodType
+from types import FunctionType
 from typing import Any
 
 import pykka
@@ -35,21 +34,12 @@ _IDLE_S = 2.0
 
 def is_async(fn: Callable[..., Any]) -> bool:
     """True for an ``async def`` function or a callable object whose ``__call__`` is one."""
-    kind = type(fn)
-    if kind is FunctionType:  # the common case, without inspect's unwrapping (~5 µs a call)
+    if type(fn) is FunctionType:  # the common case, without inspect's unwrapping (~5 µs)
         return bool(fn.__code__.co_flags & inspect.CO_COROUTINE)
-    known = _ASYNC_CLASSES.get(kind)
-    if known is None:
-        known = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
-        if kind not in (MethodType, functools.partial):
-            # A callable object is called through its class's __call__: ask once per class.
-            _ASYNC_CLASSES[kind] = known
-    return known
-
-
-#: Whether instances of a callable class are async (see is_async).
-_ASYNC_CLASSES: dict[type, bool] = {}
+    # Anything else is asked every time: a class may change its __call__, and a subclass of
+    # partial or a mock answers differently from its class.
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
 
 
 class NotStarted(Exception):

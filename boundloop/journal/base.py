@@ -157,9 +157,16 @@ class Journal(abc.ABC):
 
         A backend may commit them in the calling thread, with whatever else is waiting, and
         call their ``done`` callbacks before this returns (LMDB does: an actor that hands
-        over its batch saves the hand-offs to a writer thread and back)."""
+        over its batch saves the hand-offs to a writer thread and back). One request that
+        raises does not keep the others from going; the first such error is raised after."""
+        first: Exception | None = None
         for run_id, expected_seq, events, done, fence in requests:
-            self.submit(run_id, expected_seq, events, done, fence)
+            try:
+                self.submit(run_id, expected_seq, events, done, fence)
+            except Exception as exc:  # noqa: BLE001 - the others still go; raised after
+                first = first or exc
+        if first is not None:
+            raise first
 
     def append(self, run_id: str, expected_seq: int, events: Sequence[Event],
                fence: Fence | None = None) -> int:

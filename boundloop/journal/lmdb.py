@@ -727,7 +727,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                                    f"({type(exc).__name__}: {exc})") from None
             return _Request(run_id, expected_seq, events, encoded, done, fence)
         except Exception as exc:
-            done(exc)
+            with contextlib.suppress(Exception):  # a callback must not stop the others
+                done(exc)
             return None
 
     def _enqueue(self, into: queue.SimpleQueue[_Request | None], request: _Request) -> None:
@@ -738,9 +739,11 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                 self._usable(write=True)
                 into.put(request)
         except lmdb.Error as exc:
-            request.done(_lmdb_error(exc))
+            with contextlib.suppress(Exception):
+                request.done(_lmdb_error(exc))
         except Exception as exc:
-            request.done(exc)
+            with contextlib.suppress(Exception):
+                request.done(exc)
 
     def _lead(self) -> None:
         """Commit what ``submit_many`` queued, unless another thread is committing: it
