@@ -66,6 +66,9 @@ from opentelemetry.trace import NoOpTracerProvider
 from boundloop import events as ev
 from boundloop.telemetry import Telemetry
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loop import filesystem  # noqa: E402  (bench/loop.py)
+
 DEFAULTS = {"runs": 4, "rounds": 5, "reps": 60, "warmup": 10}
 CONFIGS = ("off", "api", "sdk", "batch", "sdk-thread", "metrics", "sampled")
 TARGET = 0.03  # issue #11: < 3 % of a W1 round with the SDK's in-memory exporter
@@ -308,19 +311,6 @@ def bootstrap(off: list[float], on: list[float], rng: random.Random,
                     / statistics.median(rng.choices(off, k=len(off))) - 1
                     for _ in range(rounds))
     return ratios[int(0.025 * rounds)], ratios[int(0.975 * rounds) - 1]
-
-
-def filesystem(path: Path) -> str:
-    best, fstype = "", "unknown"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                _, mount, kind, *_ = line.split()
-                if str(path.resolve()).startswith(mount) and len(mount) > len(best):
-                    best, fstype = mount, kind
-    except OSError:
-        pass
-    return f"{fstype} ({best or path})"
 
 
 def main(argv: list[str] | None = None) -> int:

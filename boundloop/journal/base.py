@@ -5,8 +5,9 @@ from __future__ import annotations
 import abc
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -96,6 +97,24 @@ T = TypeVar("T")
 
 #: One append for ``Journal.submit_many``: (run id, expected seq, events, done, fence).
 Submission = tuple[str, int, Sequence[Event], Done, "Fence | None"]
+
+
+def answer(requests: Sequence[Any], outcomes: Sequence[BaseException | None],
+           started: float, on_commit: Callable[[float, int], None] | None) -> None:
+    """A backend's commit of ``requests`` (each with a ``done``) ended with ``outcomes``:
+    report its latency (from ``started``, a perf_counter) and size to ``on_commit`` when
+    anything was stored, then answer each request. Neither a hook nor a callback that
+    raises may stop the thread that committed."""
+    if on_commit is not None and outcomes and not all(outcomes):
+        try:
+            on_commit(time.perf_counter() - started, len(requests))
+        except Exception:  # noqa: BLE001 - telemetry must not stop the writer
+            pass
+    for req, outcome in zip(requests, outcomes, strict=True):
+        try:
+            req.done(outcome)
+        except Exception:  # noqa: BLE001 - a callback must not stop the writer
+            pass
 
 
 def unforced_claim(fence: Fence | None, events: Sequence[Event], holder: str) -> bool:

@@ -61,6 +61,7 @@ from boundloop.journal.base import (
     OwnerRecord,
     RunInfo,
     Submission,
+    answer,
     batches,
     check_run_id,
     unforced_claim,
@@ -858,17 +859,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         except Exception as exc:  # noqa: BLE001 - the writer must outlive any bad append
             outcomes = [JournalUnavailable(f"journal write failed: {type(exc).__name__}: "
                                            f"{exc}")] * len(batch)
-        hook = self.on_commit
-        if hook is not None and outcomes and not all(outcomes):
-            try:
-                hook(time.perf_counter() - started, len(batch))
-            except Exception:  # noqa: BLE001 - telemetry must not stop the writer
-                pass
-        for req, outcome in zip(batch, outcomes, strict=True):
-            try:
-                req.done(outcome)
-            except Exception:  # noqa: BLE001 - a callback must not stop the writer
-                pass
+        answer(batch, outcomes, started, self.on_commit)
 
     def _append_in(self, txn: Any, req: _Request) -> BaseException | None:
         rid = req.run_id.encode()

@@ -114,6 +114,7 @@ from boundloop.journal.base import (
     Journal,
     OwnerRecord,
     RunInfo,
+    answer,
     batches,
     check_run_id,
     unforced_claim,
@@ -878,17 +879,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         except Exception as exc:  # noqa: BLE001 - the writer must outlive any bad append
             outcomes = [JournalUnavailable(f"journal write failed: {type(exc).__name__}: "
                                            f"{exc}")] * len(batch)
-        hook = self.on_commit
-        if hook is not None and outcomes and not all(outcomes):
-            try:
-                hook(time.perf_counter() - started, len(batch))
-            except Exception:  # noqa: BLE001 - telemetry must not stop the writer
-                pass
-        for req, outcome in zip(batch, outcomes, strict=True):
-            try:
-                req.done(outcome)
-            except Exception:  # noqa: BLE001 - a callback must not stop the writer
-                pass
+        answer(batch, outcomes, started, self.on_commit)
 
     def _begin(self, cur: Any) -> None:
         # Every statement whose rows are fetched has a cursor of its own: in pipeline mode a
