@@ -70,11 +70,12 @@ def windowed(start: Callable[[int], Future[bl.RunResult]], runs: int,
 
 
 def measure(base: Path, *, sync: bool, inflight: int, runs: int, rounds: int,
-            warmup: int) -> tuple[float, int]:
-    """Seconds for ``runs`` runs and the tool rounds they made, on a fresh journal."""
+            warmup: int, journal: str | None = None) -> tuple[float, int]:
+    """Seconds for ``runs`` runs and the tool rounds they made, on a fresh LMDB journal
+    under ``base`` (or on ``journal``, a path or a postgresql:// URL, when given)."""
     budget = bl.Budget(max_model_steps=rounds + 2, max_tool_calls=max(20, rounds))
     with tempfile.TemporaryDirectory(prefix="boundloop-bench-", dir=base) as tmp, \
-            bl.Runner(Path(tmp) / "journal", sync=sync,
+            bl.Runner(journal or Path(tmp) / "journal", sync=sync,
                       max_in_flight=max(1000, inflight)) as runner:
         def start(i: int, tag: str = "run") -> Future[bl.RunResult]:
             return runner.submit(make_model(rounds), [noop], "go", budget=budget,

@@ -51,25 +51,10 @@ DEFAULTS: dict[str, Any] = {"runs": 200, "rounds": 5, "inflight": 64, "reps": 3,
 
 def _measure(journal: str, *, inflight: int, runs: int, rounds: int,
              warmup: int) -> tuple[float, int]:
-    """Seconds for ``runs`` runs and the tool rounds they made, on ``journal``."""
-    budget = bl.Budget(max_model_steps=rounds + 2, max_tool_calls=max(20, rounds))
-    with bl.Runner(journal, max_in_flight=max(1000, inflight)) as runner:
-        def start(i: int, tag: str = "run") -> Future[bl.RunResult]:
-            return runner.submit(loop.make_model(rounds), [loop.noop], "go", budget=budget,
-                                 run_id=f"{tag}-{i}")
-
-        for i in range(warmup):
-            loop.check(start(i, "warmup").result(), rounds)
-        t0 = time.perf_counter()
-        results = loop.sequential(start, runs) if inflight == 1 \
-            else loop.windowed(start, runs, inflight)
-        elapsed = time.perf_counter() - t0
-        for r in results:
-            loop.check(r, rounds)
-        last = results[-1]
-        state = bl.replay(runner.journal.events(last.run_id))
-        assert (state.status, state.tool_calls) == (last.status, last.tool_calls)
-    return elapsed, sum(r.tool_calls for r in results)
+    """bench/loop.py's measurement, durable, on ``journal`` (a URL or a directory)."""
+    with tempfile.TemporaryDirectory(prefix="boundloop-bench-pg-") as tmp:
+        return loop.measure(Path(tmp), sync=True, inflight=inflight, runs=runs, rounds=rounds,
+                            warmup=warmup, journal=journal)
 
 
 def _fresh(server: PgServer) -> str:

@@ -67,22 +67,11 @@ from boundloop import events as ev
 from boundloop.telemetry import Telemetry
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loop import filesystem  # noqa: E402  (bench/loop.py)
+from loop import filesystem, make_model, noop  # noqa: E402  (bench/loop.py: the workload)
 
 DEFAULTS = {"runs": 4, "rounds": 5, "reps": 60, "warmup": 10}
 CONFIGS = ("off", "api", "sdk", "batch", "sdk-thread", "metrics", "sampled")
 TARGET = 0.03  # issue #11: < 3 % of a W1 round with the SDK's in-memory exporter
-
-
-@bl.tool(read_only=True, idempotent=True)
-def noop() -> None:
-    """Does nothing."""
-
-
-def make_model(rounds: int) -> bl.ScriptedModel:
-    return bl.ScriptedModel(
-        [bl.CallTools([bl.ToolCall(f"c{i}", "noop", {})]) for i in range(rounds)]
-        + [bl.Final("done")])
 
 
 class Threaded(Telemetry):

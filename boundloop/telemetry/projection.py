@@ -17,6 +17,7 @@ Not thread-safe by itself: ``Telemetry`` serializes calls.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -119,7 +120,7 @@ class _Attempt:
 
     @property
     def span_name(self) -> str:
-        return _tool_span_name(self.tool)
+        return _span_name(n.SPAN_TOOL, self.tool)
 
 
 class _Run:
@@ -134,7 +135,7 @@ class _Run:
         self.run_id = run_id
         self.model = model
         #: the name of its ``chat`` spans, and the model-latency series of a completed step
-        self.chat_name = _chat_span_name(model or n.DEFAULT_MODEL)
+        self.chat_name = _span_name(n.SPAN_CHAT, model or n.DEFAULT_MODEL)
         self.completed = (model or n.DEFAULT_MODEL, "completed")
         self.span: Span | None = None
         self.ctx: Context | None = None
@@ -168,26 +169,10 @@ def model_name(model: Any) -> str | None:
     return name if isinstance(name, str) and name else None
 
 
-_TOOL_NAMES: dict[str, str] = {}
-_CHAT_NAMES: dict[str, str] = {}
-
-
-def _tool_span_name(tool: str) -> str:
-    name = _TOOL_NAMES.get(tool)
-    if name is None:
-        name = f"{n.SPAN_TOOL} {tool}"
-        if len(_TOOL_NAMES) < 10_000:
-            _TOOL_NAMES[tool] = name
-    return name
-
-
-def _chat_span_name(model: str) -> str:
-    name = _CHAT_NAMES.get(model)
-    if name is None:
-        name = f"{n.SPAN_CHAT} {model}"
-        if len(_CHAT_NAMES) < 10_000:
-            _CHAT_NAMES[model] = name
-    return name
+@functools.lru_cache(maxsize=10_000)
+def _span_name(kind: str, what: str) -> str:
+    """``chat {model}`` or ``execute_tool {tool}``, made once per name (a span per step)."""
+    return f"{kind} {what}"
 
 
 #: The context of a root span: empty, so a run never nests under whatever span happens to be
