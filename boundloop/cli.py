@@ -289,25 +289,56 @@ def _cell_len(text: str) -> int:
     return cell_len(text)
 
 
+class _Bar:
+    """What a command's work tells its progress bar: ``update(done, total)`` as it goes
+    (``total`` None while unknown: the bar pulses), and ``echo`` for lines printed meanwhile
+    (above the bar). On a pipe both only do what a pipe needs (``echo`` prints the line)."""
+
+    def __init__(self, progress: Any = None, task: Any = None) -> None:
+        self._progress = progress
+        self._task = task
+
+    def update(self, done: int, total: int | None) -> None:
+        """The work has done ``done`` of ``total`` items."""
+        if self._progress is not None:
+            self._progress.update(self._task, completed=done, total=total)
+
+    def echo(self, text: str) -> None:
+        """Print a line of the work's own output."""
+        if self._progress is None:
+            click.echo(text)
+        else:
+            self._progress.console.print(text, markup=False, highlight=False,
+                                         soft_wrap=True)
+
+
 @contextlib.contextmanager
-def _progress(out: _Out, what: str) -> Iterator[None]:
+def _progress(out: _Out, what: str) -> Iterator[_Bar]:
     """A progress bar (rich.progress) while the work runs, shown once it has taken a second,
     on a terminal only; it is erased when the work ends."""
     if not out.rich:
-        yield
+        yield _Bar()
         return
     import threading
 
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                        TimeElapsedColumn(), console=out.console, transient=True)
-    progress.add_task(what, total=None)
+                        MofNCompleteColumn(), TimeElapsedColumn(), console=out.console,
+                        transient=True)
+    task = progress.add_task(what, total=None)
     timer = threading.Timer(1.0, progress.start)
     timer.daemon = True
     timer.start()
     try:
-        yield
+        yield _Bar(progress, task)
     finally:
         timer.cancel()
         timer.join()
@@ -742,8 +773,8 @@ def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool,
 
     out = _Out()
     with open_journal(journal_dir(journal), readonly=dry_run) as j, \
-            _progress(out, "pruning" if not dry_run else "looking for runs to prune"):
-        report = do_prune(j, older_than, dry_run=dry_run)
+            _progress(out, "pruning" if not dry_run else "looking for runs to prune") as bar:
+        report = do_prune(j, older_than, dry_run=dry_run, progress=bar.update)
     if as_json:
         _echo_json(report)
         return
@@ -780,8 +811,8 @@ def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None
     if warning:
         click.echo(f"boundloop: warning: {warning}", err=True)
     # In a child process: LMDB crashing on damaged pages of its own is reported as damage.
-    with _progress(_Out(), "verifying the hash chains"):
-        reports = verify_journal(where, run_ids)
+    with _progress(_Out(), "verifying the hash chains") as bar:
+        reports = verify_journal(where, run_ids, progress=bar.update)
     if as_json:
         _echo_json(reports)
     else:
@@ -811,8 +842,8 @@ def compact(journal: str | None, as_json: bool) -> None:
         raise JournalUnavailable(f"compact rewrites an LMDB journal; {where.split('://')[0]} "
                                  "journals reclaim space by themselves (PostgreSQL: VACUUM)")
     out = _Out()
-    with _progress(out, "compacting the journal"):
-        report = do_compact(where)
+    with _progress(out, "compacting the journal (records copied)") as bar:
+        report = do_compact(where, progress=bar.update)
     if as_json:
         _echo_json(report)
         return
@@ -1028,10 +1059,11 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
     if pgdata and restart_cmd:
         raise click.UsageError("give --pgdata or --pg-restart-cmd, not both")
     base = Path(where) if where else Path(tempfile.mkdtemp(prefix="boundloop-drill-"))
-    report = run_drill(base, runs, kills, seed, workers,
-                       out=(lambda s: None) if as_json else click.echo, pause=pause,
-                       lease_s=lease_s, pidns=pidns, journal=journal, pgdata=pgdata,
-                       restart_cmd=restart_cmd, restarts=restarts)
+    with _progress(_Out(), "drill (faults injected)") as bar:
+        report = run_drill(base, runs, kills, seed, workers,
+                           out=(lambda s: None) if as_json else bar.echo, pause=pause,
+                           lease_s=lease_s, pidns=pidns, journal=journal, pgdata=pgdata,
+                           restart_cmd=restart_cmd, restarts=restarts, progress=bar.update)
     if as_json:
         _echo_json({**msgspec.to_builtins(report), "ok": report.ok, "dir": str(base)})
     else:

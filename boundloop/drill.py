@@ -877,7 +877,8 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
               pause: bool = False, lease_s: float = 1.0,
               pidns: bool | None = None, journal: str | None = None,
               pgdata: str | os.PathLike[str] | None = None,
-              restart_cmd: str | None = None, restarts: int | None = None) -> DrillReport:
+              restart_cmd: str | None = None, restarts: int | None = None,
+              progress: Callable[[int, int | None], None] | None = None) -> DrillReport:
     """Run the drill in directory ``base`` and return its report.
 
     ``kills`` is the number of faults to inject: SIGKILLs, and with ``pause`` also SIGSTOPs
@@ -894,6 +895,9 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
     Work is handed out in small slices, one per worker life, so the kills spread over the
     whole workload; a killed worker's slice goes back to the queue (the next worker skips
     runs already started; whoever sweeps first takes the orphans over).
+
+    ``out`` gets a line per fault injected (and the phases); ``progress``, if given,
+    ``(faults injected, kills)`` with each.
     """
     from boundloop.journal.postgres import is_url
     from boundloop.runner import Runner
@@ -914,6 +918,12 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
     queue = [run_ids[i:i + size] for i in range(0, runs, size)]
     report = DrillReport(runs, workers=workers, lease_s=lease_s, pid_namespaces=pidns,
                          unowned_bound_s=round(lease_s * 1.5 + SLACK_S, 3))
+    if progress is not None:
+        said, told = out, progress
+
+        def out(text: str) -> None:  # every fault is told as a line: count them there
+            said(text)
+            told(report.faults_injected, kills)
     if pause and not pidns:
         report.notes.append("the workers share one pid namespace: a paused worker is alive "
                             "by SPEC 6 (its process exists), so its runs are never taken "

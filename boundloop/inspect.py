@@ -16,7 +16,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -1077,12 +1077,14 @@ class PruneReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def prune(journal: Journal, older_than_s: float, *, dry_run: bool = False,
-          now: float | None = None) -> PruneReport:
+          now: float | None = None,
+          progress: Callable[[int, int | None], None] | None = None) -> PruneReport:
     """Remove finished runs that finished more than ``older_than_s`` seconds ago.
 
     Open runs are never touched (they have no finish time), nor is what recovery needs:
     runs that finished ``needs_review`` (a person may still resolve and resume them) and
     finished runs whose child runs are still open. ``kept`` names those with the reason.
+    ``progress``, if given, is told ``(runs removed, runs to remove)`` as it goes.
 
     Raises:
         ConfigError: ``older_than_s`` is negative.
@@ -1102,7 +1104,7 @@ def prune(journal: Journal, older_than_s: float, *, dry_run: bool = False,
             kept[info.run_id] = "a child run of it is still open"
         return info.run_id in kept
 
-    pruned = journal.prune(cut, dry_run=dry_run, keep=keep)
+    pruned = journal.prune(cut, dry_run=dry_run, keep=keep, progress=progress)
     return PruneReport(cut_ts=cut, dry_run=dry_run, pruned=pruned, kept=kept)
 
 
@@ -1271,11 +1273,14 @@ def _verify_child() -> None:
 
 
 def verify_journal(path: str | os.PathLike[str] | None = None,
-                   run_ids: Sequence[str] = ()) -> list[ChainReport]:
+                   run_ids: Sequence[str] = (), *,
+                   progress: Callable[[int, int | None], None] | None = None
+                   ) -> list[ChainReport]:
     """``verify_chains`` on the journal in ``path``, in a child process, so that LMDB
     crashing on damaged B-tree pages is reported as damage instead of killing the caller:
     the run being read when the child died is reported damaged (naming the signal), and a
-    new child goes on with the runs after it.
+    new child goes on with the runs after it. ``progress``, if given, is told
+    ``(runs checked, runs to check)`` as the child reports them.
 
     Raises:
         UnknownRun: a run of ``run_ids`` is not in the journal.
@@ -1284,6 +1289,7 @@ def verify_journal(path: str | os.PathLike[str] | None = None,
     import signal
     import subprocess
     import sys
+    import tempfile
 
     from boundloop import errors
 
@@ -1292,24 +1298,40 @@ def verify_journal(path: str | os.PathLike[str] | None = None,
     reports: dict[str, ChainReport] = {}
     todo = list(run_ids)
     mode = "some" if run_ids else "all"
+    total: int | None = None  # runs to check in all, once the first child listed them
     while True:
-        proc = subprocess.run([sys.executable, "-c", code, where, mode, *todo],
-                              capture_output=True, text=True, check=False)
         ids: list[str] | None = None
         done = 0
-        for line in proc.stdout.splitlines():
-            item = msgspec.json.decode(line)
-            if "error" in item:
-                kind = getattr(errors, item["kind"], errors.JournalError)
-                raise kind(item["error"])
-            if "ids" in item:
-                ids = item["ids"]
-            else:
-                _merge(reports, _report_json.decode(_json.encode(item["report"])))
-                done += 1
+        # Read as the child writes, for the progress; its stderr goes to a file, so that
+        # neither pipe can fill up while the other is read.
+        with tempfile.TemporaryFile("w+") as err, subprocess.Popen(
+                [sys.executable, "-c", code, where, mode, *todo], stdout=subprocess.PIPE,
+                stderr=err, text=True) as proc:
+            assert proc.stdout is not None
+            try:
+                for line in proc.stdout:
+                    item = msgspec.json.decode(line)
+                    if "error" in item:
+                        kind = getattr(errors, item["kind"], errors.JournalError)
+                        raise kind(item["error"])
+                    if "ids" in item:
+                        ids = item["ids"]
+                        if total is None:
+                            total = len(ids)
+                    else:
+                        _merge(reports, _report_json.decode(_json.encode(item["report"])))
+                        done += 1
+                    if progress is not None:
+                        progress(len(reports), total)
+            except BaseException:
+                proc.kill()
+                raise
+            proc.wait()
+            err.seek(0)
+            stderr = err.read()
         if proc.returncode >= 0:
             if proc.returncode != 0:
-                raise errors.JournalError(f"verify failed: {proc.stderr.strip()[-500:]}")
+                raise errors.JournalError(f"verify failed: {stderr.strip()[-500:]}")
             return list(reports.values())
         try:
             name = signal.Signals(-proc.returncode).name
@@ -1350,9 +1372,11 @@ class CompactReport(msgspec.Struct, frozen=True, kw_only=True):
     after: int
 
 
-def compact(path: str | os.PathLike[str] | None = None) -> CompactReport:
+def compact(path: str | os.PathLike[str] | None = None, *,
+            progress: Callable[[int, int | None], None] | None = None) -> CompactReport:
     """Rewrite the LMDB journal in ``path`` to reclaim the space of pruned runs (see
     ``boundloop.journal.lmdb.compact``: crash-safe, and only while nothing else uses it).
+    ``progress``, if given, is told ``(records copied, records)`` as it goes.
 
     Raises:
         JournalUnavailable: there is no journal there, another process has it open, or a
@@ -1365,5 +1389,6 @@ def compact(path: str | os.PathLike[str] | None = None) -> CompactReport:
     if not where.is_dir():
         raise JournalUnavailable(f"no journal at {where}; pass the right --journal or set "
                                  "$BOUNDLOOP_JOURNAL")
-    before, after = rewrite(where, lambda record: owners_mod.owner_alive(record))
+    before, after = rewrite(where, lambda record: owners_mod.owner_alive(record),
+                            progress=progress)
     return CompactReport(journal=str(where), before=before, after=after)

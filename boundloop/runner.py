@@ -220,8 +220,11 @@ class Runner:
         if telemetry is not None and not isinstance(telemetry, Telemetry):
             raise ConfigError(f"telemetry must be a bl.Telemetry, got {telemetry!r}")
         self.telemetry = telemetry if telemetry is not None else Telemetry()
-        if hasattr(self._journal, "on_commit"):  # both backends time their commits
-            self._journal.on_commit = self.telemetry.journal_commit
+        journal = self._journal
+        if hasattr(journal, "on_commit"):  # both backends time their commits
+            journal.on_commit = self.telemetry.journal_commit
+        if hasattr(journal, "before_sync"):  # and say when they wait for the disk
+            journal.before_sync = self.telemetry.before_sync
         self._workers = Workers(model_threads, tool_threads, self.clock, max_threads)
         self._executor = ExecutorActor.start(self._workers)
         self._budget = BudgetActor.start()

@@ -74,8 +74,9 @@ class FaultyJournal(Journal):
         self.inner.remove_owner(owner)
 
     def prune(self, finished_before: float, dry_run: bool = False,
-              keep: Callable[[RunInfo], bool] | None = None) -> list[str]:
-        return self.inner.prune(finished_before, dry_run, keep)
+              keep: Callable[[RunInfo], bool] | None = None, *,
+              progress: Callable[[int, int | None], None] | None = None) -> list[str]:
+        return self.inner.prune(finished_before, dry_run, keep, progress=progress)
 
     @property
     def secret_key(self) -> bytes:

@@ -54,6 +54,7 @@ class ObservedJournal(LmdbJournal):
             if err is None:
                 for t in self.telemetries:
                     t.observe(run_id, batch)
+                    t.flush()  # project now, as the runner's release at the run's end does
             done(err)
 
         super().submit(run_id, expected_seq, batch, committed, fence)
@@ -78,6 +79,7 @@ class Otel:
                                    meter_provider=self.meter_provider, **options)
 
     def spans(self) -> list[ReadableSpan]:
+        self.telemetry.flush()  # what observe queued is projected by now (release, flush)
         return list(self.exporter.get_finished_spans())
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, Any]]], Any]:
@@ -556,6 +558,7 @@ def test_state_is_dropped_at_run_finished_and_bounded(tmp_path: Path,
     open_part = events[:3]  # admitted, started its step, ... but never finished
     for i in range(3):
         otel.telemetry.observe(f"open-{i}", [msg_run(e, f"open-{i}") for e in open_part])
+    otel.telemetry.flush()
     projection = otel.telemetry._projection
     assert list(projection.runs) == ["open-1", "open-2"]
     evicted = [s for s in otel.spans() if s.name == names.SPAN_RUN]
@@ -602,7 +605,9 @@ def test_a_failing_sink_never_fails_the_observer(caplog: pytest.LogCaptureFixtur
     events = events_of(scripted[2], "final")
     with caplog.at_level(logging.ERROR, logger="boundloop.telemetry"):
         telemetry.observe("final", events)
+        telemetry.flush()
         telemetry.observe("final", events)
+        telemetry.flush()
         telemetry.journal_commit(0.001, 1)
     assert len([r for r in caplog.records if "sink down" in (r.exc_text or "")]) == 1
 

@@ -227,3 +227,33 @@ def test_counters_flushed_twice_count_everything(tmp_path: Path) -> None:
             runner.run(model=rounds_model(1), tools=[known["echo"]], prompt="go",
                        run_id=f"r{i}")
             assert otel.total(names.RUNS.name) == i + 1  # (metrics() flushes)
+
+
+class ThreadNoting(SpanExporter):
+    """Notes the thread that exported each span (the thread that projected its end)."""
+
+    def __init__(self) -> None:
+        self.threads: list[str] = []
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        self.threads.extend(threading.current_thread().name for _ in spans)
+        return SpanExportResult.SUCCESS
+
+
+def test_the_projection_waits_for_the_journal_to_sync_and_is_done_by_the_runs_end(
+        tmp_path: Path) -> None:
+    """The projector thread projects while the journal waits for its disk (off the loop's
+    path); what it has not got to when the run ends, the run's end projects, so every span
+    is out when run returns, in order (a tool span after the run span it is under)."""
+    otel, noting = Otel(), ThreadNoting()
+    otel.tracer_provider.add_span_processor(SimpleSpanProcessor(noting))
+    known = tools()
+    with bl.Runner(tmp_path / "j", sync=True, telemetry=otel.telemetry) as runner:
+        for i in range(6):
+            rid = f"s{i}"
+            assert runner.run(model=rounds_model(), tools=[known["echo"]], prompt="go",
+                              run_id=rid).status == "final"
+            assert len(of_run(otel.exporter.get_finished_spans(), rid)) == SPANS_PER_RUN
+    assert len(noting.threads) == 6 * SPANS_PER_RUN
+    assert "boundloop-telemetry" in noting.threads, noting.threads  # the projector did some
+    assert set(noting.threads) - {"boundloop-telemetry"}, noting.threads  # the runs' ends too

@@ -117,6 +117,16 @@ def answer(requests: Sequence[Any], outcomes: Sequence[BaseException | None],
             pass
 
 
+def about_to_sync(hook: Callable[[], None] | None) -> None:
+    """A backend is about to wait for its disk or server inside a commit: tell ``hook``
+    (telemetry projects meanwhile, see ``Telemetry.before_sync``); it may not stop the commit."""
+    if hook is not None:
+        try:
+            hook()
+        except Exception:  # noqa: BLE001 - telemetry must not stop the writer
+            pass
+
+
 def unforced_claim(fence: Fence | None, events: Sequence[Event], holder: str) -> bool:
     """True when an append of ``events`` claims a run that ``holder`` owns, and is not a
     forced resolve: then the backend judges ``holder`` once more in the claim's own
@@ -259,9 +269,11 @@ class Journal(abc.ABC):
 
     @abc.abstractmethod
     def prune(self, finished_before: float, dry_run: bool = False,
-              keep: Callable[[RunInfo], bool] | None = None) -> list[str]:
+              keep: Callable[[RunInfo], bool] | None = None, *,
+              progress: Callable[[int, int | None], None] | None = None) -> list[str]:
         """Remove runs that finished before ``finished_before`` (epoch seconds), except those
-        ``keep`` says to keep; return the removed (or, with ``dry_run``, removable) ids."""
+        ``keep`` says to keep; return the removed (or, with ``dry_run``, removable) ids.
+        ``progress``, if given, is told ``(runs removed, runs to remove)`` as it goes."""
 
     @property
     @abc.abstractmethod

@@ -61,6 +61,7 @@ from boundloop.journal.base import (
     OwnerRecord,
     RunInfo,
     Submission,
+    about_to_sync,
     answer,
     batches,
     check_run_id,
@@ -826,6 +827,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
 
     #: Called by the writer after each durable commit: ``(latency_s, appends)`` (telemetry).
     on_commit: Callable[[float, int], None] | None = None
+    #: Called by the writer as a commit's sync is about to start (telemetry, see
+    #: ``journal.base.before_sync``).
+    before_sync: Callable[[], None] | None = None
 
     def _commit(self, batch: list[_Request]) -> None:
         outcomes: list[BaseException | None] = []
@@ -843,6 +847,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                     with self._txn(write=True) as txn:
                         for req in batch:
                             outcomes.append(self._append_in(txn, req))
+                        about_to_sync(self.before_sync)
                     break
                 except lmdb.MapFullError:
                     if tries == 7 or not self._grow():
@@ -1149,7 +1154,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
 
     # -- retention ---------------------------------------------------------------------
     def prune(self, finished_before: float, dry_run: bool = False,
-              keep: Callable[[RunInfo], bool] | None = None) -> list[str]:
+              keep: Callable[[RunInfo], bool] | None = None, *,
+              progress: Callable[[int, int | None], None] | None = None) -> list[str]:
         victims = [i for i in self.infos()
                    if i.finished_ts is not None and i.finished_ts < finished_before
                    and not (keep is not None and keep(i))]
@@ -1157,7 +1163,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             return [i.run_id for i in victims]
 
         def delete(txn: Any) -> None:
-            for info in victims:
+            for n, info in enumerate(victims):
+                if progress is not None and n % 256 == 0:
+                    progress(n, len(victims))
                 prefix = info.run_id.encode() + _SEP
                 cur = txn.cursor(db=self._events)
                 if cur.set_range(prefix):
@@ -1168,6 +1176,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                 txn.delete(info.order.to_bytes(8, "big"), db=self._order)
 
         self._write(delete)
+        if progress is not None:
+            progress(len(victims), len(victims))
         return [i.run_id for i in victims]
 
 
@@ -1248,13 +1258,16 @@ def _table_counts(env: Any) -> dict[bytes, int]:
         return {name: int(txn.stat(db)["entries"]) for name, db in _tables(env, txn).items()}
 
 
-def _rewrite(env: Any, into: Path) -> None:
+def _rewrite(env: Any, into: Path,
+             progress: Callable[[int, int | None], None] | None = None,
+             total: int | None = None) -> None:
     """Write every table of ``env`` into a new environment in directory ``into``, in key
     order with MDB_APPEND, so its pages are full: a compacting ``env.copy`` only leaves the
     free pages out, and keeps the half-empty pages that deleting most runs leaves behind."""
     size = (Path(env.path()) / "data.mdb").stat().st_size
     new = lmdb.open(str(into), map_size=max(2 * size, 1 << 26), max_dbs=64, sync=False,
                     lock=False, subdir=True, mode=0o600)
+    copied = 0
     try:
         with env.begin() as src:
             for name, db in _tables(env, src).items():
@@ -1269,13 +1282,17 @@ def _rewrite(env: Any, into: Path) -> None:
                     with new.begin(write=True) as txn:
                         txn.cursor(db=out).putmulti(chunk, dupdata=flags["dupsort"],
                                                     append=not flags["dupsort"])
+                    copied += len(chunk)
+                    if progress is not None:
+                        progress(copied, total)
         new.sync(True)
     finally:
         new.close()
 
 
 def compact(path: str | os.PathLike[str],
-            alive: Callable[[OwnerRecord], bool]) -> tuple[int, int]:
+            alive: Callable[[OwnerRecord], bool], *,
+            progress: Callable[[int, int | None], None] | None = None) -> tuple[int, int]:
     """Rewrite the journal in ``path`` without its free pages and return the size of its
     ``data.mdb`` before and after (LMDB files never shrink by themselves).
 
@@ -1289,7 +1306,7 @@ def compact(path: str | os.PathLike[str],
     ``boundloop show``; LMDB's reader table would not do, since py-lmdb frees a reader slot at
     the end of each read transaction, so idle openers do not show there), and it refuses while
     a registered runner is ``alive`` (for runners on other machines, where a lock says
-    nothing).
+    nothing). ``progress``, if given, is told ``(records copied, records)`` as it goes.
 
     Raises:
         JournalUnavailable: another process has the journal open, a live runner owns it,
@@ -1346,7 +1363,7 @@ def compact(path: str | os.PathLike[str],
             tmp = Path(tempfile.mkdtemp(prefix=f".{where.name}.compact-", dir=where.parent))
             _pause("copy")
             with _guarded():
-                _rewrite(env, tmp)
+                _rewrite(env, tmp, progress, sum(counts.values()))
         finally:
             env.close()
         new = tmp / "data.mdb"

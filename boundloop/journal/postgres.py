@@ -114,6 +114,7 @@ from boundloop.journal.base import (
     Journal,
     OwnerRecord,
     RunInfo,
+    about_to_sync,
     answer,
     batches,
     check_run_id,
@@ -867,6 +868,8 @@ class PostgresJournal(keys.KeyedJournal, Journal):
     #: Called by the writer after each durable commit: ``(latency_s, appends)`` (telemetry,
     #: as ``LmdbJournal.on_commit``).
     on_commit: Callable[[float, int], None] | None = None
+    #: Called as a commit is sent, to wait for the server (as ``LmdbJournal.before_sync``).
+    before_sync: Callable[[], None] | None = None
 
     def _commit(self, batch: list[_Request]) -> None:
         started = time.perf_counter()
@@ -903,6 +906,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
                     outcome = self._apply(cur, batch, pipeline)
                     if any(e is None for e in outcome.errors):
                         committing = True
+                        about_to_sync(self.before_sync)
                         conn.commit()
                     else:
                         conn.rollback()
@@ -1309,13 +1313,18 @@ class PostgresJournal(keys.KeyedJournal, Journal):
 
     # -- retention -----------------------------------------------------------------------
     def prune(self, finished_before: float, dry_run: bool = False,
-              keep: Callable[[RunInfo], bool] | None = None) -> list[str]:
+              keep: Callable[[RunInfo], bool] | None = None, *,
+              progress: Callable[[int, int | None], None] | None = None) -> list[str]:
         victims = [i.run_id for i in self.infos()
                    if i.finished_ts is not None and i.finished_ts < finished_before
                    and not (keep is not None and keep(i))]
         if dry_run or not victims:
             return victims
+        if progress is not None:
+            progress(0, len(victims))
         # Checked again where the rows are deleted: a run resumed since is kept.
         gone = {r[0] for r in self._run(lambda conn: conn.execute(
             self._q["prune"], (victims, finished_before)).fetchall(), write=True)}
+        if progress is not None:
+            progress(len(victims), len(victims))
         return [rid for rid in victims if rid in gone]
