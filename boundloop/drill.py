@@ -612,9 +612,15 @@ class _Lines:
 
 
 _PROBE = r"""
-import fcntl, os, sys, lmdb
+import fcntl, os, struct, sys, lmdb
 env = lmdb.open(sys.argv[1], map_size=1 << 30, max_dbs=8, subdir=True, create=False)
+# Opened once: closing a descriptor of lock.mdb would drop this process's LMDB locks on it.
+lock = os.open(os.path.join(sys.argv[1], "lock.mdb"), os.O_RDWR)
+def ofd(kind):
+    fcntl.fcntl(lock, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", kind, 0, 1 << 40, 1, 0))
 for _ in sys.stdin:
+    ofd(fcntl.F_WRLCK)  # boundloop's own write lock (journal.lmdb._WriteLock), taken first
+    ofd(fcntl.F_UNLCK)
     for _ in range(3):
         try:
             env.begin(write=True).abort()  # the writer's mutex
@@ -635,9 +641,10 @@ for _ in sys.stdin:
 
 
 class _WriteLockProbe:
-    """Tells whether the locks every worker shares can be taken: the journal's writer and
-    reader-table mutexes (LMDB) and the downstream's lock. A process of its own: LMDB
-    allows one environment per process, and the drill's own Runner comes later."""
+    """Tells whether the locks every worker shares can be taken: boundloop's write lock, the
+    journal's writer and reader-table mutexes (LMDB) and the downstream's lock. A process of
+    its own: LMDB allows one environment per process, and the drill's own Runner comes
+    later."""
 
     def __init__(self, journal: Path, downstream: Path) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", _PROBE, str(journal),

@@ -175,6 +175,14 @@ class SupervisorActor(Actor):
                 driver = Driver(spec)
                 run = _Run(driver, driver.run(), future, seq)
                 self.runs[spec.run_id] = run
+                limits = getattr(self.journal, "wait_limits", None)
+                if driver.deadline is not None and limits is not None:
+                    # Its appends may not wait for a write lock that another process keeps
+                    # (paused, stuck) past the deadline's grace: they fail, and it ends
+                    # journal_unavailable in time (SPEC 1). Half the grace: the rest is for
+                    # ending it.
+                    left = max(driver.deadline - driver.clock.monotonic(), 0.0)
+                    limits[spec.run_id] = time.monotonic() + left + GRACE_S / 2
                 self._advance(spec.run_id, run, None, None)
             case EffectDone(run_id=run_id, value=value, error=error, appended=appended,
                             generation=generation):
@@ -240,6 +248,9 @@ class SupervisorActor(Actor):
 
     def _done(self, run_id: str, run: _Run, result: RunResult | None,
               exc: BaseException | None) -> None:
+        limits = getattr(self.journal, "wait_limits", None)
+        if limits is not None:
+            limits.pop(run_id, None)
         if self.telemetry is not None:
             self.telemetry.release(run_id, result.status if result is not None else None)
         if self.runs.get(run_id) is run:

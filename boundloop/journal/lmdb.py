@@ -299,6 +299,72 @@ KEY_FILE = "redaction.key"
 OWN_FILES = ("data.mdb", "lock.mdb")
 #: Largest number of queued appends folded into one transaction.
 MAX_BATCH = 4096
+#: The longest a write waits for the journal's write lock while another process holds it,
+#: unless the run it is for must end sooner (see ``LmdbJournal.wait_limits``).
+LOCK_WAIT_S = 10.0
+#: How often a write waiting for the lock looks at what else waits (and may wait no longer).
+LOCK_SLICE_S = 0.05
+#: The byte of lock.mdb that boundloop's own write lock is on (LMDB's locks are elsewhere).
+_WRITE_LOCK_BYTE = 1 << 40
+
+
+class _LockTimeout(JournalUnavailable):
+    """The journal's write lock was not free by the time allowed."""
+
+
+class _WriteLock:
+    """One write transaction at a time across every process of a journal, waited for with a
+    time limit. LMDB's own writer mutex cannot be waited for with one: a process paused
+    (SIGSTOP) or stuck inside a write transaction would hold every other writer for ever,
+    past any run's deadline (SPEC 1). So each writer takes this lock first: an OFD lock (per
+    open file, dropped by the kernel when its process dies) on a byte of lock.mdb that no LMDB
+    lock uses, tried again and again until the time allowed; a mutex does the same between
+    this process's threads, which share the open file (an OFD lock does not exclude them)."""
+
+    def __init__(self, fd: int, where: Path) -> None:
+        self._fd = fd
+        self._where = where
+        self._mutex = threading.Lock()
+
+    def _set(self, kind: int) -> None:
+        fcntl.fcntl(self._fd, fcntl.F_OFD_SETLK,
+                    struct.pack("hhqqi4x", kind, os.SEEK_SET, _WRITE_LOCK_BYTE, 1, 0))
+
+    @contextlib.contextmanager
+    def held(self, until: float) -> Iterator[None]:
+        """Hold the lock (``until`` a ``time.monotonic()``: give up then).
+
+        Raises:
+            _LockTimeout: it was not free by ``until``.
+        """
+        started = time.monotonic()
+        if not self._mutex.acquire(timeout=max(until - started, 0.0)):
+            raise self.late(started, "a thread of this process")
+        try:
+            pause = 50e-6
+            while True:
+                try:
+                    self._set(fcntl.F_WRLCK)
+                    break
+                except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        raise self.late(started, "another process") from None
+                    time.sleep(min(pause, left))
+                    pause = min(pause * 2, 2e-3)
+            try:
+                yield
+            finally:
+                self._set(fcntl.F_UNLCK)
+        finally:
+            self._mutex.release()
+
+    def late(self, started: float, who: str) -> _LockTimeout:
+        """The error of a write that waited for the lock since ``started`` in vain."""
+        return _LockTimeout(
+            f"{who} held the write lock of the journal at {self._where} for "
+            f"{time.monotonic() - started:.1f} s (a paused or stuck runner or command?); "
+            "this write was not made (fail closed): find and resume or stop that process")
 
 
 class _Gate:
@@ -444,7 +510,12 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                                       sync=sync, max_readers=max_readers, mode=0o600,
                                       subdir=True)
             self._hold_lock_file()
-            self._open_dbs()
+            self._write_lock = _WriteLock(self._lock_fd, self.path)
+            if readonly:
+                self._open_dbs()
+            else:  # opening the tables may write (a new journal's, its format)
+                with self._write_lock.held(time.monotonic() + LOCK_WAIT_S):
+                    self._open_dbs()
         except BaseException as exc:
             with _opened_lock:
                 if _opened.get(self._real) is self:
@@ -473,6 +544,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         # What submit_many queued for whichever thread commits next (see _lead).
         self._direct: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._commit_lock = threading.Lock()  # one commit at a time, writer or caller
+        self._wait_limits: dict[str, float] = {}
         self._writer = threading.Thread(target=self._write_loop, name="boundloop-journal",
                                         daemon=True)
         if not readonly:
@@ -566,7 +638,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         self._lock_file = str(lock)  # a str: _check_lock stats it before every write
         if self.readonly and not self._env.flags()["lock"]:
             return  # no lock file: nothing to hold, and a reader never writes
-        self._lock_fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+        # Read-write for a writer: its write lock (_WriteLock) is a write lock on this file.
+        self._lock_fd = os.open(lock, (os.O_RDONLY if self.readonly else os.O_RDWR)
+                                | os.O_CLOEXEC)
         st = os.fstat(self._lock_fd)
         self._lock_id = (st.st_dev, st.st_ino)
         try:
@@ -763,7 +837,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                     if request is not None:
                         batch.append(request)
                 if batch:
-                    self._commit(batch)
+                    self._commit(batch, wait=False)
             finally:
                 self._commit_lock.release()
 
@@ -799,23 +873,32 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         return True
 
     @contextlib.contextmanager
-    def _txn(self, db: Any = None, write: bool = False) -> Iterator[Any]:
+    def _txn(self, db: Any = None, write: bool = False,
+             until: float | None = None) -> Iterator[Any]:
         """A transaction under the shared gate (so a map resize waits for it), adopting a
-        map grown by another process first if LMDB asks."""
+        map grown by another process first if LMDB asks. A write transaction holds the
+        write lock (``_WriteLock``), waiting for it until ``until`` (a ``time.monotonic()``;
+        default: ``LOCK_WAIT_S`` from now)."""
         for _ in range(2):
             with self._gate.shared():
                 if self._closed:
                     raise JournalUnavailable(f"the journal at {self.path} is closed")
+                locked: contextlib.AbstractContextManager[None]
                 if write:
                     self._check_lock()
-                try:
-                    txn = self._env.begin(db=db, write=write)
-                except lmdb.MapResizedError:
-                    txn = None
-                if txn is not None:
-                    with txn:
-                        yield txn
-                    return
+                    locked = self._write_lock.held(
+                        time.monotonic() + LOCK_WAIT_S if until is None else until)
+                else:
+                    locked = contextlib.nullcontext()
+                with locked:
+                    try:
+                        txn = self._env.begin(db=db, write=write)
+                    except lmdb.MapResizedError:
+                        txn = None
+                    if txn is not None:
+                        with txn:
+                            yield txn
+                        return
             self._adopt_map_size()
         raise JournalUnavailable(f"the journal at {self.path} keeps changing size; retry")
 
@@ -831,7 +914,19 @@ class LmdbJournal(keys.KeyedJournal, Journal):
     #: ``journal.base.before_sync``).
     before_sync: Callable[[], None] | None = None
 
-    def _commit(self, batch: list[_Request]) -> None:
+    @property
+    def wait_limits(self) -> dict[str, float]:
+        """Run id -> the ``time.monotonic()`` by which that run's appends must be written or
+        fail: how long they may wait for the write lock while another process holds it
+        (default ``LOCK_WAIT_S``). The runner sets it for a run with a deadline, so a paused
+        or stuck process holding the lock cannot keep the run past its deadline's grace."""
+        return self._wait_limits
+
+    def _commit(self, batch: list[_Request], wait: bool = True) -> None:
+        """Append ``batch`` in one transaction and answer each request. Without ``wait`` (a
+        caller's thread leading a group commit) the write lock is only tried: if another
+        process holds it, the batch goes to the writer thread, which waits for it (within
+        ``wait_limits``), so the caller (a supervisor) goes on serving its other runs."""
         outcomes: list[BaseException | None] = []
         started = time.perf_counter()
         try:
@@ -841,17 +936,47 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             # Checking the fill level costs two LMDB calls: every 64th commit is enough.
             if self._commits % 64 == 1 and self._used_fraction() > 0.8:
                 self._grow()  # before it is full, so a full map is the rare path
-            for tries in range(8):
+            tries, waited = 0, time.monotonic()
+            limit_of: dict[int, float] = {}  # id(request) -> when it may wait no longer
+            while True:
                 outcomes = []
+                until = 0.0  # not waiting: only a try
+                if wait:
+                    until = min(self._limit(r, limit_of) for r in batch)
+                    until = min(until, time.monotonic() + LOCK_SLICE_S)
                 try:
-                    with self._txn(write=True) as txn:
+                    with self._txn(write=True, until=until) as txn:
                         for req in batch:
                             outcomes.append(self._append_in(txn, req))
                         about_to_sync(self.before_sync)
                     break
                 except lmdb.MapFullError:
-                    if tries == 7 or not self._grow():
+                    tries += 1
+                    if tries == 8 or not self._grow():
                         raise
+                except _LockTimeout:
+                    if not wait:
+                        for req in batch:
+                            self._enqueue(self._queue, req)
+                        return
+                    # What was queued meanwhile waits with this batch (the commit lock held
+                    # here keeps every other thread from committing it); what may wait no
+                    # longer fails, the rest waits on.
+                    while len(batch) < MAX_BATCH:
+                        try:
+                            request = self._direct.get_nowait()
+                        except queue.Empty:
+                            break
+                        if request is not None:
+                            batch.append(request)
+                    now = time.monotonic()
+                    late = [r for r in batch if self._limit(r, limit_of) <= now]
+                    if late:
+                        exc = self._write_lock.late(waited, "another process")
+                        answer(late, [exc] * len(late), started, None)
+                        batch = [r for r in batch if r not in late]
+                        if not batch:
+                            return
         except lmdb.MapFullError:
             err: BaseException = JournalUnavailable(
                 f"the journal at {self.path} is full; prune finished runs "
@@ -865,6 +990,14 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             outcomes = [JournalUnavailable(f"journal write failed: {type(exc).__name__}: "
                                            f"{exc}")] * len(batch)
         answer(batch, outcomes, started, self.on_commit)
+
+    def _limit(self, req: _Request, limit_of: dict[int, float]) -> float:
+        """When ``req`` may wait for the write lock no longer: its run's ``wait_limits``
+        entry, else ``LOCK_WAIT_S`` after it was first made to wait."""
+        limit = self._wait_limits.get(req.run_id)
+        if limit is None:
+            limit = limit_of.setdefault(id(req), time.monotonic() + LOCK_WAIT_S)
+        return limit
 
     def _append_in(self, txn: Any, req: _Request) -> BaseException | None:
         rid = req.run_id.encode()
