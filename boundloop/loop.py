@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import inspect
 import threading
 from collections.abc import Callable, Generator
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import msgspec
 
 from boundloop import events as ev
+from boundloop.actors.workers import is_async
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
@@ -194,7 +196,26 @@ def _permits(permit: Permit, calls: list[tuple[ToolCall, Tool]], ctx: ModelConte
     verdicts: list[Any] = []
     for call, tool in calls:
         try:
-            verdicts.append(permit(call, tool, ctx))
+            verdict = permit(call, tool, ctx)
+        except Exception as exc:  # noqa: BLE001 - a failing permit denies (fail closed)
+            verdict = exc
+        if inspect.isawaitable(verdict):  # a sync callable that returned a coroutine
+            if inspect.iscoroutine(verdict):
+                verdict.close()
+            verdict = TypeError("permit returned an awaitable from a plain function; make "
+                                "it `async def` to have it awaited")
+        verdicts.append(verdict)
+    return verdicts
+
+
+async def _apermits(permit: Permit, calls: list[tuple[ToolCall, Tool]],
+                    ctx: ModelContext) -> list[Any]:
+    """``_permits`` for an ``async def`` permit: each verdict awaited, in order, on the loop
+    the run's async code runs on (the caller's, for a run started with ``arun``)."""
+    verdicts: list[Any] = []
+    for call, tool in calls:
+        try:
+            verdicts.append(await permit(call, tool, ctx))
         except Exception as exc:  # noqa: BLE001 - a failing permit denies (fail closed)
             verdicts.append(exc)
     return verdicts
@@ -225,6 +246,8 @@ class RunSpec(msgspec.Struct, kw_only=True):
     parent_run_id: str | None = None
     parent_step: int | None = None
     parent_execution_id: str | None = None
+    #: The parent's deadline (on ``clock``), for a child run.
+    parent_deadline: float | None = None
     run_child: Callable[..., Any] | None = None
     children: threading.Event = msgspec.field(default_factory=threading.Event)
     resume: RunState | None = None
@@ -267,6 +290,11 @@ class Driver:
         deadline_s = self.budget.deadline_s
         self.deadline = None if deadline_s is None else \
             self.started + max(deadline_s - self.elapsed_before, 0.0)
+        if spec.parent_deadline is not None:
+            # Its budget's deadline_s was what the parent had left a moment ago: the
+            # parent's own deadline bounds it exactly, at any depth (SPEC 8).
+            self.deadline = spec.parent_deadline if self.deadline is None else \
+                min(self.deadline, spec.parent_deadline)
         self.schemas = _json.encode([t.schema for t in spec.tools.values()])
         # The run tree's ledger (SPEC 8): a child settles from the start; a parent once a
         # handler of it started a child. ``charged`` is own spend already charged.
@@ -472,17 +500,23 @@ class Driver:
 
     def result(self) -> RunResult:
         result = self.state.result(self.elapsed())
-        if not self.unrecorded and not self.never_dispatched:
-            return result
-        lost = [self.state.calls[e] for e in self.unrecorded if e in self.state.calls]
-        return msgspec.structs.replace(
-            result,
-            completed=[c for c in result.completed if c.execution_id not in self.unrecorded],
-            unresolved=[u for u in result.unresolved
-                        if u.execution_id not in self.never_dispatched] + [
-                UnresolvedAction(self.spec.run_id, r.call_id, r.tool, r.execution_id,
-                                 r.idempotency_key, max(r.attempt, 1), "dispatched")
-                for r in lost])
+        if self.unrecorded or self.never_dispatched:
+            lost = [self.state.calls[e] for e in self.unrecorded if e in self.state.calls]
+            result = msgspec.structs.replace(
+                result,
+                completed=[c for c in result.completed
+                           if c.execution_id not in self.unrecorded],
+                unresolved=[u for u in result.unresolved
+                            if u.execution_id not in self.never_dispatched] + [
+                    UnresolvedAction(self.spec.run_id, r.call_id, r.tool, r.execution_id,
+                                     r.idempotency_key, max(r.attempt, 1), "dispatched")
+                    for r in lost])
+        if result.status == "journal_unavailable" and result.unresolved:
+            # No RunFinished carries this explanation: it counts what the result lists.
+            result = msgspec.structs.replace(result, explanation=(
+                f"{result.explanation} "
+                f"{decide.unresolved_sentence(len(result.unresolved))}"))
+        return result
 
     def link(self, step: int) -> ParentLink:
         """What a child started by a handler of this step draws on; notes the run's own
@@ -642,8 +676,9 @@ class Driver:
             asked = [(i, c, spec.tools[c.name]) for i, c in enumerate(calls)
                      if c.name in spec.tools
                      and (spec.read_only is False or spec.tools[c.name].read_only)]
-            answers = yield CallUser(_permits, (spec.permit, [(c, t) for _, c, t in asked],
-                                                ctx), self.deadline, spec.cancel)
+            check = _apermits if is_async(spec.permit) else _permits
+            answers = yield CallUser(check, (spec.permit, [(c, t) for _, c, t in asked],
+                                             ctx), self.deadline, spec.cancel)
             got = answers.response
             if not isinstance(got, list) or len(got) != len(asked):
                 # The permit check never answered (abandoned): deny, fail closed.

@@ -140,8 +140,9 @@ class Runner:
         telemetry: spans and metrics of SPEC 11 through the OpenTelemetry API (default: a
             ``bl.Telemetry()`` on the global providers, next to free without an SDK).
         max_threads: the most threads each pool (models, tools) may grow to while
-            compensating for handlers that wait in ``run_child`` or are stuck past their
-            timeout (SPEC 5 and 8).
+            compensating for handlers and models stuck past their timeout or deadline
+            (SPEC 5); a handler waiting in ``run_child`` is replaced beyond it, always
+            (SPEC 8).
         redaction_key: the key redacted values are digested under (SPEC 9): its bytes, or
             the path of a file holding them (at least 32 bytes, not all zero; never inside
             the journal directory). Default: ``$BOUNDLOOP_REDACTION_KEY_FILE``, else the
@@ -557,7 +558,8 @@ class Runner:
         token = link.cancel.child(*([cancel] if cancel is not None else []))
         spec = self._spec(model, tools, prompt, history, carved, token, run_id, permit,
                           parent_run_id=link.run_id, parent_step=link.step,
-                          parent_execution_id=execution_id, loop=link.loop)
+                          parent_execution_id=execution_id, parent_deadline=link.deadline,
+                          loop=link.loop)
         self._budget.tell(Open(spec.run_id, link.run_id, carved))
         link.children.set()
         try:

@@ -178,3 +178,158 @@ def test_is_async_asks_again_for_every_callable_object() -> None:
         return None
 
     assert is_async(P(a)) and not is_async(P(lambda: None))
+
+
+# -- found by an acceptance pass against SPEC 1 ------------------------------------------------
+def _two_calls() -> bl.ScriptedModel:
+    return bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "echo", {"text": "a"}),
+                                           bl.ToolCall("c2", "echo", {"text": "b"})]),
+                             bl.Final("done")])
+
+
+def _echo() -> bl.Tool:
+    def echo(text: str) -> str:
+        return text
+
+    return bl.Tool("echo", echo)
+
+
+def test_an_async_permit_is_awaited_on_the_callers_loop(tmp_path: Path) -> None:
+    """SPEC 1: the async def permits of a run started with arun run on the caller's loop
+    (an async permit used to be called and never awaited: its coroutine denied every call)."""
+    import asyncio
+
+    seen: list[Any] = []
+
+    async def permit(call: bl.ToolCall, tool: bl.Tool, ctx: Any) -> Any:
+        seen.append((call.id, asyncio.get_running_loop()))
+        await asyncio.sleep(0)
+        return True if call.id == "c1" else "not b"
+
+    async def main() -> tuple[bl.RunResult, Any]:
+        async with bl.Runner(tmp_path / "j") as runner:
+            return await runner.arun(model=_two_calls(), tools=[_echo()], prompt="p",
+                                     permit=permit), asyncio.get_running_loop()
+
+    result, loop = asyncio.run(main())
+    assert result.status == "final"
+    assert seen == [("c1", loop), ("c2", loop)]
+    results = [(m.id, m.status, m.content) for m in result.transcript
+               if m.kind == "tool_result"]
+    assert results[0] == ("c1", "ok", "a")
+    assert results[1][:2] == ("c2", "denied") and "not b" in str(results[1][2])
+
+
+def test_an_async_permit_of_a_sync_run_is_awaited_too(tmp_path: Path) -> None:
+    async def permit(call: bl.ToolCall, tool: bl.Tool, ctx: Any) -> bool:
+        return call.id == "c2"
+
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=_two_calls(), tools=[_echo()], prompt="p", permit=permit)
+    assert [m.status for m in result.transcript if m.kind == "tool_result"] == \
+        ["denied", "ok"]
+
+
+def test_the_explanation_counts_unresolved_actions(tmp_path: Path) -> None:
+    """SPEC 1: the explanation says how many actions are left unresolved when any are, in
+    the result and in the journal's RunFinished (so replay says the same)."""
+    import time
+
+    @bl.tool(timeout_s=0.2)
+    def hang(x: int) -> int:
+        time.sleep(1.0)
+        return x
+
+    two = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "hang", {"x": 1}),
+                                          bl.ToolCall("c2", "hang", {"x": 2})]),
+                            bl.Final("done")])
+    one = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "hang", {"x": 1})]),
+                            bl.Final("done")])
+    with bl.Runner(tmp_path / "j") as runner:
+        timed_out = runner.run(model=two, tools=[hang], prompt="p")
+        walled = runner.run(model=one, tools=[hang], prompt="p",
+                            budget=bl.Budget(deadline_s=0.1))
+        clean = runner.run(model=bl.ScriptedModel([bl.Final("x")]), tools=[], prompt="p")
+        replayed = bl.replay(list(runner.journal.events(timed_out.run_id)))
+    assert timed_out.status == "final" and len(timed_out.unresolved) == 2
+    assert timed_out.explanation == ("The model gave a final answer. 2 actions are left "
+                                     "unresolved.")
+    assert replayed.explanation == timed_out.explanation
+    assert walled.exhausted_limit == "deadline" and len(walled.unresolved) == 1
+    assert walled.explanation.endswith("1 action is left unresolved.")
+    assert clean.explanation == "The model gave a final answer."
+
+
+# -- found by an acceptance pass against SPEC 8 ------------------------------------------------
+def test_a_childs_deadline_is_never_later_than_its_parents(tmp_path: Path) -> None:
+    """Its deadline used to be 'now + what the parent had left a moment ago': later by the
+    moment, and more at each level."""
+    seen: dict[str, float] = {}
+
+    def grandchild(history: Any, ctx: Any) -> bl.Final:
+        seen["grandchild"] = ctx.deadline
+        return bl.Final("g")
+
+    def child_first(history: Any, ctx: Any) -> Any:
+        seen["child"] = ctx.deadline
+        return bl.CallTools([bl.ToolCall("c", "spawn", {"depth": 2})])
+
+    @bl.tool
+    def spawn(depth: int, ctx: bl.ToolContext) -> str:
+        model = bl.ScriptedModel([grandchild] if depth == 2 else [child_first, bl.Final("c")])
+        return ctx.run_child(model=model, tools=[spawn], prompt="c",
+                             budget=bl.Budget(deadline_s=100)).status
+
+    def parent_first(history: Any, ctx: Any) -> Any:
+        seen["parent"] = ctx.deadline
+        return bl.CallTools([bl.ToolCall("p", "spawn", {"depth": 1})])
+
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=bl.ScriptedModel([parent_first, bl.Final("x")]),
+                            tools=[spawn], prompt="p", budget=bl.Budget(deadline_s=3))
+    assert result.status == "final"
+    assert seen["grandchild"] <= seen["child"] <= seen["parent"]
+
+
+def test_parents_waiting_on_children_hold_no_thread_others_need(tmp_path: Path) -> None:
+    """SPEC 8: a sync handler waiting in run_child holds no thread that other runs need, past
+    any cap (max_threads bounds only what abandoned calls are owed)."""
+    import asyncio
+
+    go = threading.Event()
+    started = threading.Semaphore(0)
+
+    async def child_model(history: Any, ctx: Any) -> bl.Final:
+        started.release()
+        while not go.is_set():
+            await asyncio.sleep(0.01)
+        return bl.Final("ok")
+
+    @bl.tool
+    def spawn(x: int, ctx: bl.ToolContext) -> str:
+        return ctx.run_child(model=child_model, prompt="c").status
+
+    @bl.tool
+    def quick(x: int) -> int:
+        return x
+
+    def spawning() -> bl.ScriptedModel:
+        return bl.ScriptedModel([bl.CallTools([bl.ToolCall("p", "spawn", {"x": 1})]),
+                                 bl.Final("x")])
+
+    try:
+        with bl.Runner(tmp_path / "j", tool_threads=1, model_threads=1,
+                       max_threads=4) as runner:
+            parents = [runner.submit(spawning(), [spawn], "p", budget=bl.Budget(deadline_s=20))
+                       for _ in range(6)]  # more than the cap
+            for _ in range(6):
+                assert started.acquire(timeout=10)  # every child runs: its parent waits
+            other = runner.run(model=bl.ScriptedModel(
+                [bl.CallTools([bl.ToolCall("q", "quick", {"x": 1})]), bl.Final("x")]),
+                tools=[quick], prompt="p", budget=bl.Budget(deadline_s=3))
+            go.set()
+            assert other.status == "final", other.explanation
+            assert [m.status for m in other.transcript if m.kind == "tool_result"] == ["ok"]
+            assert [f.result(timeout=20).status for f in parents] == ["final"] * 6
+    finally:
+        go.set()

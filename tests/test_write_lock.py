@@ -178,3 +178,127 @@ def test_the_lock_costs_writes_nothing_when_free(journal: Path) -> None:
     with bl.Runner(journal) as runner:
         assert len(list(runner.journal.runs())) == 41
     assert signal.SIGSTOP  # (the frozen-holder tests above use it)
+
+
+# -- found by an attacker pass -------------------------------------------------------------------
+BUSY = """
+import sys, time
+from boundloop.journal.lmdb import LmdbJournal
+journal = LmdbJournal(sys.argv[1])
+print("held", flush=True)
+end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:  # another process, merely busy: short commits back to back
+    with journal._txn(write=True) as txn:
+        txn.put(b"busy", b"x", db=journal._meta)
+        time.sleep(0.003)
+    time.sleep(0.0003)
+"""
+
+
+def busy_peer(path: Path, seconds: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", BUSY, str(path), str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_runs_appends_stay_in_order_when_the_lock_is_busy(journal: Path) -> None:
+    """Pipelined appends of one run (seq 1, then 2) while another process commits: a first
+    append handed to the writer (the lock was busy) is never overtaken by the second."""
+    from boundloop import events as ev
+    from boundloop.errors import SequenceConflict
+
+    conflicts: list[str] = []
+
+    def note(err: BaseException | None) -> None:
+        if isinstance(err, SequenceConflict):
+            conflicts.append(str(err))
+
+    peer = busy_peer(journal, 20)
+    try:
+        with bl_lmdb.LmdbJournal(journal) as j:
+            for i in range(150):
+                rid = f"r{i}"
+                j.append(rid, 0, [ev.RunAdmitted(run_id=rid, budget=bl.Budget(), history=[],
+                                                 tools=[], owner="x")])
+                j.submit_many([(rid, 1, [ev.RunResumed(run_id=rid)], note, None)])
+                j.submit_many([(rid, 2, [ev.RunResumed(run_id=rid)], note, None)])
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and \
+                    any(j.find(f"r{i}").last_seq < 3 for i in range(150)):  # type: ignore[union-attr]
+                time.sleep(0.05)
+            assert conflicts == []
+            assert all(j.find(f"r{i}").last_seq == 3 for i in range(150))  # type: ignore[union-attr]
+    finally:
+        peer.kill()
+        peer.wait(timeout=10)
+
+
+def test_a_run_past_its_deadline_still_records_its_end_while_the_lock_is_busy(
+        journal: Path) -> None:
+    """A model overrunning the deadline is abandoned at its grace; the run's closing append
+    then waits a little for a lock another process holds only briefly, instead of failing."""
+    def slow(history: object, ctx: object) -> bl.Final:
+        time.sleep(1.0)
+        return bl.Final("late")
+
+    peer = busy_peer(journal, 20)
+    try:
+        with bl.Runner(journal) as runner:
+            futures = [runner.submit(slow, [], "p", run_id=f"g{i}",
+                                     budget=bl.Budget(deadline_s=0.3)) for i in range(8)]
+            results = [f.result(timeout=30) for f in futures]
+            assert {(r.status, r.exhausted_limit) for r in results} == \
+                {("limit_exceeded", "deadline")}, [r.explanation for r in results]
+            for r in results:
+                assert type(list(runner.journal.events(r.run_id))[-1]).__name__ == "RunFinished"
+    finally:
+        peer.kill()
+        peer.wait(timeout=10)
+
+
+FORKER = """
+import multiprocessing, sys, time
+from boundloop.journal.lmdb import LmdbJournal
+journal = LmdbJournal(sys.argv[1])
+job = multiprocessing.get_context("fork").Process(target=time.sleep, args=(60,))
+job.start()  # a tool's background job, forked without exec
+print(job.pid, flush=True)
+with journal._txn(write=True):
+    print("held", flush=True)
+    time.sleep(600)  # killed mid-commit
+"""
+
+
+def test_a_forked_child_does_not_keep_a_killed_parents_lock(
+        journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bl_lmdb, "LOCK_WAIT_S", 2.0)
+    proc = subprocess.Popen([sys.executable, "-c", FORKER, str(journal)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        proc.kill()
+        proc.wait(timeout=10)
+        assert os.path.exists(f"/proc/{child}")  # the fork child lives on
+        with bl.Runner(journal) as runner:  # and the lock went with its parent
+            assert runner.run(model=bl.ScriptedModel([bl.Final("ok")]), tools=[],
+                              prompt="p").status == "final"
+    finally:
+        os.kill(child, signal.SIGKILL)
+
+
+def test_a_long_deadline_waits_no_longer_than_lock_wait_s(
+        journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bl_lmdb, "LOCK_WAIT_S", 1.0)
+    with bl.Runner(journal) as runner:
+        holder = Holder(journal)
+        try:
+            started = time.monotonic()
+            result = runner.run(model=bl.ScriptedModel([bl.Final("ok")]), tools=[],
+                                prompt="p", budget=bl.Budget(deadline_s=30))
+            assert result.status == "journal_unavailable"
+            assert time.monotonic() - started <= 3.0
+        finally:
+            holder.kill()

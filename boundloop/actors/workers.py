@@ -26,7 +26,8 @@ import pykka
 
 from boundloop.clock import Clock
 
-#: The most threads one pool runs, compensating threads included (SPEC 5: at least 256).
+#: The most threads one pool runs to replace abandoned calls (SPEC 5: at least 256); calls
+#: waiting in run_child are replaced beyond it (SPEC 8).
 MAX_THREADS = 256
 #: How long a thread above the pool's size waits idle before it ends.
 _IDLE_S = 2.0
@@ -131,7 +132,8 @@ class Pool:
         self._cap = max(cap, threads)
         self._lock = threading.Lock()
         self._live = 0
-        self._extra = 0  # threads owed to waits and abandoned calls
+        self._extra = 0  # threads owed to abandoned calls (capped)
+        self._waits = 0  # threads owed to calls waiting in run_child (never capped: SPEC 8)
         self._serial = itertools.count()
         self._running: dict[Future[Any], _Item] = {}
         self._closed = False
@@ -152,9 +154,15 @@ class Pool:
         threading.Thread(target=self._work, name=f"{self._name}-{next(self._serial)}",
                          daemon=True).start()
 
+    def _target(self) -> int:
+        # Under self._lock: the threads the pool should have now. The cap bounds what
+        # abandoned calls are owed; a call waiting for a child is always replaced, so any
+        # number of parents may wait on their children at once (SPEC 8).
+        return min(self._size + self._extra, self._cap) + self._waits
+
     def _grow(self) -> None:
-        # Under self._lock: one thread more while it is owed and the cap allows.
-        if not self._closed and self._live < min(self._size + self._extra, self._cap):
+        # Under self._lock: one thread more while it is owed.
+        if not self._closed and self._live < self._target():
             self._spawn()
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
@@ -165,15 +173,16 @@ class Pool:
 
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
-        """Compensate the calling pool thread while the ``with`` body waits."""
+        """Compensate the calling pool thread while the ``with`` body waits (for a child
+        run), beyond the cap."""
         with self._lock:
-            self._extra += 1
+            self._waits += 1
             self._grow()
         try:
             yield
         finally:
             with self._lock:
-                self._extra -= 1
+                self._waits -= 1
 
     def compensate(self, future: Future[Any]) -> None:
         """The call behind ``future`` is abandoned (it timed out) but still holds its
@@ -193,7 +202,7 @@ class Pool:
                 item = self._queue.get(timeout=_IDLE_S)
             except queue.Empty:
                 with self._lock:
-                    if self._live > self._size + self._extra or self._closed:
+                    if self._live > self._target() or self._closed:
                         self._live -= 1
                         return
                 continue
@@ -215,7 +224,7 @@ class Pool:
                 del self._running[item.future]
                 if item.compensated:
                     self._extra -= 1
-                retire = self._live > self._size + self._extra
+                retire = self._live > self._target()
                 if retire:
                     self._live -= 1
             if outcome[0]:

@@ -302,6 +302,9 @@ MAX_BATCH = 4096
 #: The longest a write waits for the journal's write lock while another process holds it,
 #: unless the run it is for must end sooner (see ``LmdbJournal.wait_limits``).
 LOCK_WAIT_S = 10.0
+#: How long any write may wait for the lock, whatever its run's deadline: a run past its
+#: deadline still records how it ended while another process is merely committing.
+LOCK_MIN_WAIT_S = 0.1
 #: How often a write waiting for the lock looks at what else waits (and may wait no longer).
 LOCK_SLICE_S = 0.05
 #: The byte of lock.mdb that boundloop's own write lock is on (LMDB's locks are elsewhere).
@@ -545,6 +548,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         self._direct: queue.SimpleQueue[_Request | None] = queue.SimpleQueue()
         self._commit_lock = threading.Lock()  # one commit at a time, writer or caller
         self._wait_limits: dict[str, float] = {}
+        #: True from a leader's handing a batch to the writer (the lock was busy) until the
+        #: writer has nothing handed over left (under the commit lock, both)
+        self._contended = False
         self._writer = threading.Thread(target=self._write_loop, name="boundloop-journal",
                                         daemon=True)
         if not readonly:
@@ -836,7 +842,12 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                         break
                     if request is not None:
                         batch.append(request)
-                if batch:
+                if batch and self._contended:
+                    # Appends wait for the writer thread: none may overtake them (a run's
+                    # next append would find its sequence not yet there).
+                    for request in batch:
+                        self._enqueue(self._queue, request)
+                elif batch:
                     self._commit(batch, wait=False)
             finally:
                 self._commit_lock.release()
@@ -845,6 +856,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         for batch in batches(self._queue, MAX_BATCH):
             with self._commit_lock:
                 self._commit(batch)
+                if self._queue.empty():
+                    self._contended = False  # nothing handed over waits any more
             self._lead()
         self._fail_pending()
 
@@ -937,7 +950,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             if self._commits % 64 == 1 and self._used_fraction() > 0.8:
                 self._grow()  # before it is full, so a full map is the rare path
             tries, waited = 0, time.monotonic()
-            limit_of: dict[int, float] = {}  # id(request) -> when it may wait no longer
+            # id(request) -> (the request, kept so its id is not reused; when it may wait no
+            # longer)
+            limit_of: dict[int, tuple[_Request, float]] = {}
             while True:
                 outcomes = []
                 until = 0.0  # not waiting: only a try
@@ -956,19 +971,16 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                         raise
                 except _LockTimeout:
                     if not wait:
+                        # Under the commit lock: every later leader sees it and queues
+                        # behind (see _lead), so a run's appends stay in order.
+                        self._contended = True
                         for req in batch:
                             self._enqueue(self._queue, req)
                         return
                     # What was queued meanwhile waits with this batch (the commit lock held
                     # here keeps every other thread from committing it); what may wait no
                     # longer fails, the rest waits on.
-                    while len(batch) < MAX_BATCH:
-                        try:
-                            request = self._direct.get_nowait()
-                        except queue.Empty:
-                            break
-                        if request is not None:
-                            batch.append(request)
+                    self._take_waiting(batch)
                     now = time.monotonic()
                     late = [r for r in batch if self._limit(r, limit_of) <= now]
                     if late:
@@ -991,13 +1003,35 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                                            f"{exc}")] * len(batch)
         answer(batch, outcomes, started, self.on_commit)
 
-    def _limit(self, req: _Request, limit_of: dict[int, float]) -> float:
+    def _take_waiting(self, batch: list[_Request]) -> None:
+        """Add to ``batch`` (the writer's, waiting for the lock) what was queued since, in
+        order: handed over by leaders first, then submitted directly."""
+        closing = False
+        for source in (self._queue, self._direct):
+            while len(batch) < MAX_BATCH:
+                try:
+                    request = source.get_nowait()
+                except queue.Empty:
+                    break
+                if request is None:
+                    closing = source is self._queue
+                    break
+                batch.append(request)
+        if closing:
+            self._queue.put(None)  # close() waits for it: the write loop ends after this
+
+    def _limit(self, req: _Request, limit_of: dict[int, tuple[_Request, float]]) -> float:
         """When ``req`` may wait for the write lock no longer: its run's ``wait_limits``
-        entry, else ``LOCK_WAIT_S`` after it was first made to wait."""
-        limit = self._wait_limits.get(req.run_id)
-        if limit is None:
-            limit = limit_of.setdefault(id(req), time.monotonic() + LOCK_WAIT_S)
-        return limit
+        entry, but at most ``LOCK_WAIT_S`` and at least ``LOCK_MIN_WAIT_S`` after it was
+        first made to wait (a run past its deadline may still record how it ended, if the
+        lock is only busy)."""
+        noted = limit_of.get(id(req))
+        if noted is None:
+            first = time.monotonic()
+            run_limit = self._wait_limits.get(req.run_id, first + LOCK_WAIT_S)
+            noted = limit_of[id(req)] = (req, max(min(run_limit, first + LOCK_WAIT_S),
+                                                  first + LOCK_MIN_WAIT_S))
+        return noted[1]
 
     def _append_in(self, txn: Any, req: _Request) -> BaseException | None:
         rid = req.run_id.encode()
@@ -1317,6 +1351,21 @@ class LmdbJournal(keys.KeyedJournal, Journal):
 #: Every journal open in this process, by real path (LMDB allows one environment each).
 _opened: weakref.WeakValueDictionary[str, LmdbJournal] = weakref.WeakValueDictionary()
 _opened_lock = threading.Lock()
+
+
+def _forked() -> None:
+    """In a child made by fork() without exec: let go of every journal's lock.mdb descriptor.
+    It shares the parent's open file, and with it the parent's write lock and compaction
+    flock: a child that outlived a killed parent would hold them (LMDB's own locks are not
+    inherited). The child cannot use the journal anyway (``_usable``)."""
+    for journal in list(_opened.values()):
+        if journal._lock_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(journal._lock_fd)
+            journal._lock_fd = -1
+
+
+os.register_at_fork(after_in_child=_forked)
 _shared: dict[str, list[Any]] = {}
 _shared_lock = threading.Lock()
 

@@ -238,8 +238,23 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
     return "allow", ""
 
 
-def explain(stop: Stop, budget: Budget) -> str:
-    """One or two plain sentences on why the run ended."""
+def unresolved_sentence(count: int) -> str:
+    """SPEC 1: the explanation says how many actions are left unresolved, when any are."""
+    if count <= 0:
+        return ""
+    return ("1 action is left unresolved." if count == 1
+            else f"{count} actions are left unresolved.")
+
+
+def explain(stop: Stop, budget: Budget, unresolved: int = 0) -> str:
+    """One or two plain sentences on why the run ended, and how many actions are left
+    unresolved (SPEC 1) when ``unresolved`` is above 0."""
+    text = _why(stop, budget)
+    extra = unresolved_sentence(unresolved)
+    return f"{text} {extra}" if extra else text
+
+
+def _why(stop: Stop, budget: Budget) -> str:
     if stop.status == "limit_exceeded" and stop.limit is not None:
         value = budget.limit(stop.limit)
         what = {
@@ -533,7 +548,8 @@ def run_finished(state: RunState, stop: Stop, budget: Budget, *, cancel_reason: 
             f"Reason: {cancel_reason}. {stop.detail}".strip()))
     return ev.RunFinished(run_id=now.run_id, ts=now.ts, elapsed_s=now.elapsed_s,
                           status=stop.status, exhausted_limit=stop.limit,
-                          explanation=explain(stop, budget), model_steps=state.model_steps,
+                          explanation=explain(stop, budget, len(state.unresolved)),
+                          model_steps=state.model_steps,
                           tool_calls=state.tool_calls, usage=state.usage)
 
 
