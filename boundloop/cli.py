@@ -1087,14 +1087,30 @@ def stats(journal: str | None, as_json: bool, since: float | None, by: str | Non
     limit hits, unknown outcomes, retries, reconciliations, reviews, tokens by kind, cost per
     finished run, run duration and model and tool latency."""
     from boundloop.inspect import open_journal
-    from boundloop.stats import from_journal, render
+    from boundloop.stats import damage, from_journal, group_table, summary
 
     with open_journal(journal_dir(journal), readonly=True) as j:
         figures = from_journal(j, since_s=since, by=by)  # type: ignore[arg-type]
     if as_json:
         _echo_json(figures)
-    else:
-        click.echo(render(figures))
+        return
+    out = _Out()
+    for line in summary(figures):
+        out.line(line)
+    table = group_table(figures)
+    if table is not None:
+        header, rows = table
+        out.line()
+        # The group's name may be cut; the figures go last-first when even that does not
+        # fit (--json has them all).
+        out.table([Col(header[0], shrink=8)] + [
+            Col(h, drop=i, right=True) for i, h in enumerate(header[1:], 1)],
+            rows)
+    elif figures.groups is not None:
+        out.line()
+        out.line(f"by {by}: nothing to show")
+    for line in damage(figures):
+        out.line(line)
 
 
 # -- entry point ---------------------------------------------------------------------------

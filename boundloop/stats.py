@@ -320,7 +320,31 @@ def _plural(count: int, what: str) -> str:
 
 
 def render(stats: Stats) -> str:
-    """The figures as plain text lines (no colour, no box drawing)."""
+    """The figures as plain text lines (no colour, no box drawing), as they come: the CLI
+    fits them to the terminal (``summary``, ``group_table``)."""
+    lines = summary(stats)
+    table = group_table(stats)
+    if table is not None:
+        header, rows = table
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        lines += [""] + ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+                         for r in [header, *rows]]
+    elif stats.groups is not None:
+        lines += ["", f"by {stats.by}: nothing to show"]
+    lines += damage(stats)
+    return "\n".join(lines)
+
+
+def damage(stats: Stats) -> list[str]:
+    """A line on the runs left out as damaged, if any."""
+    if not stats.damaged:
+        return []
+    return [f"left out {_plural(len(stats.damaged), 'damaged run')} "
+            f"({', '.join(stats.damaged)}); `boundloop verify` tells more"]
+
+
+def summary(stats: Stats) -> list[str]:
+    """The figures over every run, a line each."""
     window = "everything in the journal" if stats.since is None else \
         "since " + time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stats.since))
     lines = [
@@ -340,16 +364,11 @@ def render(stats: Stats) -> str:
         f"model latency: {_dist(stats.model_latency_s, 's')}",
         f"tool latency: {_dist(stats.tool_latency_s, 's')}",
     ]
-    if stats.groups is not None:
-        lines.append("")
-        lines.extend(_group_table(stats))
-    if stats.damaged:
-        lines.append(f"left out {_plural(len(stats.damaged), 'damaged run')} "
-                     f"({', '.join(stats.damaged)}); `boundloop verify` tells more")
-    return "\n".join(lines)
+    return lines
 
 
-def _group_table(stats: Stats) -> list[str]:
+def group_table(stats: Stats) -> tuple[list[str], list[list[str]]] | None:
+    """(header, rows) of the figures by ``stats.by``; None without a grouping or groups."""
     groups = stats.groups or {}
     if stats.by == "tool":
         header = ["tool", "attempts", "retries", "unknown", "reconciled", "reviews",
@@ -366,7 +385,5 @@ def _group_table(stats: Stats) -> list[str]:
                  _num(g.duration_s.p95 if g.duration_s else None, "s")]
                 for k, g in groups.items()]
     if not rows:
-        return [f"by {stats.by}: nothing to show"]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-            for r in [header, *rows]]
+        return None
+    return header, rows

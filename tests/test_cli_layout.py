@@ -165,7 +165,9 @@ def commands(journal: dict[str, Any]) -> list[list[str]]:
             ["show", ids["nested: parent"], "--journal", j],
             ["show", ids["irreversible timeout"], "--journal", j],
             ["show", "crashed-run", "--journal", j],
-            ["recover", "--journal", j], ["replay", "crashed-run", "--journal", j]]
+            ["recover", "--journal", j], ["replay", "crashed-run", "--journal", j],
+            ["stats", "--journal", j], ["stats", "--journal", j, "--by", "tool"],
+            ["stats", "--journal", j, "--by", "status"]]
 
 
 @pytest.mark.parametrize("width", [60, 200, None])
@@ -191,7 +193,8 @@ def test_the_demo_fits_too(tmp_path: Path) -> None:
 def test_a_terminal_gets_rich_output_as_wide_as_it_is(journal: dict[str, Any]) -> None:
     j, ids = journal["path"], journal["ids"]
     for args in (["runs", "--journal", j], ["show", ids["nested: parent"], "--journal", j],
-                 ["show", "crashed-run", "--journal", j], ["recover", "--journal", j]):
+                 ["show", "crashed-run", "--journal", j], ["recover", "--journal", j],
+                 ["stats", "--journal", j, "--by", "tool"]):
         for columns, env_columns in ((60, True), (72, False), (200, True)):
             raw = in_pty(args, columns, env_columns=env_columns)
             assert ESCAPE.search(raw), "rich styles its output on a terminal"
