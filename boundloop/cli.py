@@ -410,10 +410,16 @@ def demo(journal: str | None, as_json: bool) -> None:
         out.line(f"- {s.name} ({s.result.run_id}): {s.story}")
     out.line()
     default = os.environ.get("BOUNDLOOP_JOURNAL") or ".boundloop"
-    flag = "" if where == default else f" --journal {where}"
+    if "://" in where:  # a database URL: never its password on the screen
+        from boundloop.journal.postgres import _display
+
+        shown = _display(where)
+    else:
+        shown = os.path.abspath(where)
+    flag = "" if where == default else f" --journal {shown if '://' in where else where}"
     review = next((s.result.run_id for s in scenarios if s.result.status == "needs_review"),
                   scenarios[0].result.run_id)
-    out.line(f"journal: {os.path.abspath(where)}")
+    out.line(f"journal: {shown}")
     out.line("what to run next:")
     for command, what in ((f"show {review}", "a run's timeline, event by event"),
                           ("runs --tree", "every run, child runs under their parents"),
@@ -819,8 +825,8 @@ def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None
         if not reports:
             click.echo("boundloop: no runs in this journal", err=True)
         for r in reports:
-            click.echo(f"{r.run_id}  {r.head or '-'}  "
-                       + ("ok" if r.ok else f"DAMAGED {r.error}"))
+            click.echo((f"{r.run_id}  {r.head or '-'}  "
+                        + ("ok" if r.ok else f"DAMAGED {r.error}")).rstrip())
     damaged = [r.run_id for r in reports if not r.ok]
     if damaged:
         click.echo(f"boundloop: {len(damaged)} of {len(reports)} runs damaged: "
@@ -1003,7 +1009,9 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
 @cli.command()
 @click.option("--runs", type=click.IntRange(min=1), default=200, show_default=True)
 @click.option("--kills", type=click.IntRange(min=0), default=50, show_default=True,
-              help="Faults to inject: SIGKILLs, and with --pause SIGSTOPs too.")
+              help="Faults to inject at most: SIGKILLs, and with --pause SIGSTOPs too. "
+                   "They are spread over the work as it goes, so none comes once the work "
+                   "is done: the report says how many were injected.")
 @click.option("--seed", type=int, default=1, show_default=True)
 @click.option("--workers", type=click.IntRange(min=1, max=16), default=2, show_default=True,
               help="Worker processes sharing the journal.")
@@ -1067,9 +1075,9 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
     if as_json:
         _echo_json({**msgspec.to_builtins(report), "ok": report.ok, "dir": str(base)})
     else:
-        click.echo(format_report(report, command(runs, kills, seed, workers, pause, lease_s,
-                                                 pidns, journal, pgdata, restart_cmd,
-                                                 restarts)))
+        text = format_report(report, command(runs, kills, seed, workers, pause, lease_s,
+                                             pidns, journal, pgdata, restart_cmd, restarts))
+        click.echo("\n".join(line.rstrip() for line in text.splitlines()))
     if not report.ok:
         click.get_current_context().exit(EXIT_MISMATCH)
 

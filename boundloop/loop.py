@@ -597,7 +597,7 @@ class Driver:
             why = f"raised {describe_exception(reply.error)}" if reply.error else \
                 "returned something other than a bl.Usage or an int of input tokens " \
                 "(counts must be whole numbers >= 0)"
-            raise EstimatorFailed(f"the runner's estimator {why}")
+            raise EstimatorFailed(f"{decide.ESTIMATOR_FAILED}{why}")
         return priced(estimate, spec.price)
 
     def history_bytes(self) -> int:

@@ -284,7 +284,8 @@ class Tool:
             msgspec.json.schema(args)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"tool {self.name!r}: a parameter's type cannot be validated "
-                              f"({exc})") from None
+                              f"({' '.join(str(exc).split())}); use JSON-like types, "
+                              "msgspec Structs or dataclasses") from None
         return args, context_name
 
     def _schema(self, args_type: type[msgspec.Struct]) -> dict[str, Any]:

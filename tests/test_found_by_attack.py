@@ -333,3 +333,33 @@ def test_parents_waiting_on_children_hold_no_thread_others_need(tmp_path: Path) 
             assert [f.result(timeout=20).status for f in parents] == ["final"] * 6
     finally:
         go.set()
+
+
+# -- found by a new user's walk through the README ------------------------------------------
+def test_the_demo_on_postgresql_names_the_url_without_its_password(pg: Any) -> None:
+    import subprocess
+    import sys
+    import uuid
+
+    url = pg.create_database("db_" + uuid.uuid4().hex[:12]).replace(
+        "postgresql://boundloop@", "postgresql://boundloop:s3cretpw@")  # trust: any password
+    done = subprocess.run([sys.executable, "-m", "boundloop", "--journal", url, "demo"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "s3cretpw" not in done.stdout + done.stderr
+    [journal_line] = [line for line in done.stdout.splitlines() if line.startswith("journal:")]
+    assert journal_line.startswith("journal: postgresql://boundloop@127.0.0.1:"), journal_line
+    assert "--journal postgresql://boundloop@127.0.0.1:" in done.stdout  # what to run next
+
+
+def test_an_estimator_failure_says_the_model_was_not_called(tmp_path: Path) -> None:
+    called: list[int] = []
+
+    def model(history: Any, ctx: Any) -> bl.Final:
+        called.append(1)
+        return bl.Final("x")
+
+    with bl.Runner(tmp_path / "j", estimator=lambda history, model: "nope") as runner:
+        result = runner.run(model=model, tools=[], prompt="p")
+    assert result.status == "model_error" and not called
+    assert result.explanation.startswith("The model was not called: the runner's estimator")

@@ -245,8 +245,8 @@ def test_open_journal_errors(tmp_path: Path) -> None:
         bi.open_journal(tmp_path / "empty")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "data.mdb").write_bytes(b"not lmdb" * 512)
-    with pytest.raises(bl.JournalUnavailable, match="cannot open"):
-        bi.open_journal(tmp_path / "bad")
+    with pytest.raises(bl.JournalCorrupt, match="is not an LMDB file.*restore the journal"):
+        bi.open_journal(tmp_path / "bad")  # damaged: its header page is gone
     assert not (tmp_path / "missing").exists()
 
 

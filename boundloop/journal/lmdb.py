@@ -531,6 +531,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                 raise
             if isinstance(exc, lmdb.Error | OSError):
                 what = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+                if isinstance(exc, lmdb.InvalidError):  # its first page, the header, is gone
+                    raise _bad_file(self.path / "data.mdb",
+                                    f"is not an LMDB file any more ({what})") from None
                 cls = JournalCorrupt if isinstance(exc, _DAMAGE) else JournalUnavailable
                 raise cls(f"cannot open the journal at {self.path}: {what}") from None
             raise

@@ -238,6 +238,10 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
     return "allow", ""
 
 
+#: How the detail of a model_error that the runner's estimator caused begins.
+ESTIMATOR_FAILED = "the runner's estimator "
+
+
 def unresolved_sentence(count: int) -> str:
     """SPEC 1: the explanation says how many actions are left unresolved, when any are."""
     if count <= 0:
@@ -282,6 +286,8 @@ def _why(stop: Stop, budget: Budget) -> str:
                                f"dispatched (fail closed). {stop.detail}",
         "rejected": f"Admission refused the run: {stop.detail}",
     }[stop.status]
+    if stop.status == "model_error" and stop.detail.startswith(ESTIMATOR_FAILED):
+        return f"The model was not called: {stop.detail}"
     if stop.status in ("repeated_call", "malformed_response", "model_error"):
         return base
     if stop.status in ("cancelled", "final"):
