@@ -285,6 +285,7 @@ class Driver:
         self.pending: list[ev.Event] = []
         self.unrecorded: set[str] = set()
         self.never_dispatched: set[str] = set()
+        self.uninvoked = 0  # model steps started but refused before the model was called
         self.started = self.clock.monotonic()
         self.elapsed_before = self.state.elapsed_s
         deadline_s = self.budget.deadline_s
@@ -511,6 +512,9 @@ class Driver:
                     UnresolvedAction(self.spec.run_id, r.call_id, r.tool, r.execution_id,
                                      r.idempotency_key, max(r.attempt, 1), "dispatched")
                     for r in lost])
+        if self.uninvoked:
+            result = msgspec.structs.replace(
+                result, model_steps=max(result.model_steps - self.uninvoked, 0))
         if result.status == "journal_unavailable" and result.unresolved:
             # No RunFinished carries this explanation: it counts what the result lists.
             result = msgspec.structs.replace(result, explanation=(
@@ -641,7 +645,14 @@ class Driver:
             remaining=remaining(budget, st.model_steps, st.tool_calls,
                                 st.usage - reservation, self.elapsed()),
             deadline=self.deadline, cancel=spec.cancel)
-        reply = yield InvokeModel(spec.model, copy_history(st.transcript), ctx)
+        try:
+            reply = yield InvokeModel(spec.model, copy_history(st.transcript), ctx)
+        except JournalError:
+            # Refused before the model was called (lease lost, journal closed): the step
+            # counted in the live state never ran, and is never recorded (SPEC 5: model
+            # steps count callback invocations).
+            self.uninvoked += 1
+            raise
         error = None if reply.error is None else journal_safe(describe_exception(reply.error))
         replied = decide.model_replied(
             st, budget, decide.Reply(reply.response, error, reply.latency_s, reply.abandoned),

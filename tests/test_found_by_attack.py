@@ -363,3 +363,32 @@ def test_an_estimator_failure_says_the_model_was_not_called(tmp_path: Path) -> N
         result = runner.run(model=model, tools=[], prompt="p")
     assert result.status == "model_error" and not called
     assert result.explanation.startswith("The model was not called: the runner's estimator")
+
+
+# -- found by an acceptance pass against SPEC 12 -------------------------------------------
+def test_a_self_fenced_run_counts_only_the_model_calls_made_and_says_why_plainly(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A runner whose lease ran out before a model step fences itself and does not call the
+    model: that step is not counted (SPEC 5: model steps count callback invocations), and
+    the explanation says the lease ran out, in sentences (not that the journal failed)."""
+    from boundloop.actors import supervisor
+
+    calls: list[int] = []
+    leased = supervisor.SupervisorActor._leased
+
+    def model(history: Any, ctx: Any) -> Any:
+        calls.append(ctx.step)
+        return bl.CallTools([bl.ToolCall("c1", "echo", {"text": "x"})])
+
+    def lease_runs_out(run: Any) -> bool:
+        return leased(run) and not calls  # gone once the model was called once
+
+    monkeypatch.setattr(supervisor.SupervisorActor, "_leased", staticmethod(lease_runs_out))
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, tools=[_echo()], prompt="p")
+    assert calls == [1]
+    assert result.status == "journal_unavailable" and result.model_steps == 1
+    assert result.explanation.startswith("This runner's lease ran out")
+    assert "fenced itself" in result.explanation and "journal could not" not in \
+        result.explanation
+    assert result.explanation.endswith(".")

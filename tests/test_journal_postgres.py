@@ -686,7 +686,14 @@ def test_a_frozen_client_in_a_transaction_does_not_hold_its_runs(pg: PgServer,
         t0 = time.monotonic()
         with PostgresJournal(url, schema=schema, lease_s=0.4) as other:
             claim = ev.OwnerClaimed(run_id="r", ts=time.time(), owner="b", epoch=2)
-            assert other.append("r", 1, [claim]) == 2
+            while True:  # a claim skips a run whose row is held (SPEC 12): try again
+                try:
+                    assert other.append("r", 1, [claim]) == 2
+                    break
+                except bl.SequenceConflict as exc:
+                    assert "being appended to" in str(exc)
+                    assert time.monotonic() - t0 < 3.0
+                    time.sleep(0.05)
             waited = time.monotonic() - t0
             assert waited < 3.0, waited  # the frozen session was ended after 200 ms
             assert not _sql(url, "SELECT 1 FROM pg_stat_activity WHERE pid = %s",
@@ -754,3 +761,26 @@ def test_the_crash_worker_on_a_url(database: str, tmp_path: Path) -> None:
                                tools=make_tools(ledger))
     assert result.status == "final"  # book reconciled from the ledger, then ship ran once
     assert [t for _, t in ledger_lines(ledger)] == ["book", "ship"]
+
+
+def test_recover_skips_a_run_another_worker_is_claiming(database: str) -> None:
+    """SPEC 12: recovery skips runs another worker is claiming. A run whose row another
+    session holds (as a claim in progress does) is skipped at once, not waited for (the claim
+    used to block until lock_timeout and then fail the whole recover()); once free, the next
+    recover() takes it."""
+    from boundloop.journal.postgres import PostgresJournal as Pg
+
+    with Pg(database) as j:
+        for rid in ("o1", "o2", "o3"):
+            j.append(rid, 0, [admitted(rid, owner="gone-owner")])  # no owner record: gone
+    with psycopg.connect(database) as other, bl.Runner(database) as runner:
+        other.execute("SELECT 1 FROM boundloop_runs WHERE run_id = %s FOR UPDATE", ("o2",))
+        started = time.monotonic()
+        first = sorted(r.run_id for r in runner.recover())
+        assert time.monotonic() - started < 1.0
+        assert first == ["o1", "o3"]
+        other.rollback()
+        assert [r.run_id for r in runner.recover() if r.run_id == "o2"] == ["o2"]
+        epochs = {rid: [e.epoch for e in runner.journal.events(rid)
+                        if isinstance(e, ev.OwnerClaimed)] for rid in ("o1", "o2", "o3")}
+    assert epochs == {"o1": [2], "o2": [2], "o3": [2]}  # each claimed once

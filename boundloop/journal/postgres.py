@@ -234,6 +234,10 @@ _RUN_COLS = ("run_id, run_order, last_seq, created_ts, updated_ts, status, finis
 _SQL = {
     "lock": f"SELECT {_RUN_COLS} FROM @.boundloop_runs WHERE run_id = ANY(%s) "
             "ORDER BY run_id FOR UPDATE",
+    # A claim does not wait for a run another worker is appending to (claiming, say): it
+    # is skipped, as recovery skips runs another worker is claiming (SPEC 12).
+    "lock_nowait": f"SELECT {_RUN_COLS} FROM @.boundloop_runs WHERE run_id = ANY(%s) "
+                   "ORDER BY run_id FOR UPDATE NOWAIT",
     "create": "INSERT INTO @.boundloop_runs (run_id, created_ts, updated_ts, head) "
               "SELECT * FROM unnest(%s::text[], %s::float8[], %s::float8[], %s::bytea[]) "
               "ON CONFLICT (run_id) DO NOTHING RETURNING run_id, run_order",
@@ -460,6 +464,12 @@ def _owner(row: Sequence[Any]) -> OwnerRecord:
 def _claims_from(req: _Request, owner: str) -> bool:
     """``base.unforced_claim`` of a request."""
     return unforced_claim(req.fence, req.events, owner)
+
+
+def _is_claim(req: _Request) -> bool:
+    """A request that claims its run (``OwnerClaimed``), other than a forced resolve."""
+    return any(isinstance(e, ev.OwnerClaimed) for e in req.events) and not any(
+        isinstance(e, ev.CallResolved) and e.forced for e in req.events)
 
 
 def _index(row: Sequence[Any]) -> _Index:
@@ -961,6 +971,9 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         return self._finish(conn, batch, outcome)
 
     def _statement_error(self, req: _Request, exc: BaseException) -> JournalError:
+        if isinstance(exc, psycopg.errors.LockNotAvailable) and _is_claim(req):
+            return SequenceConflict(f"run {req.run_id!r} is being appended to (claimed?) by "
+                                    "another worker right now; this claim was not made")
         if isinstance(exc, psycopg.errors.UniqueViolation):
             return chain.ChainError(req.run_id, req.expected_seq + 1,
                                     "a record past the run's last is already stored")
@@ -1042,8 +1055,10 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         now = time.time()
         ids = sorted({r.run_id for r in reqs})
         conn = cur.connection  # a new cursor for each statement whose rows are fetched
+        lock = self._q["lock_nowait"] if reqs and all(_is_claim(r) for r in reqs) \
+            else self._q["lock"]
         rows: dict[str, _Index] = {
-            row[0]: _index(row) for row in self._fetch(conn, pipeline, self._q["lock"], (ids,))}
+            row[0]: _index(row) for row in self._fetch(conn, pipeline, lock, (ids,))}
         hook = self.locked_hook
         if hook is not None:
             hook(conn)

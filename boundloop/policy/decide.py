@@ -238,6 +238,19 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
     return "allow", ""
 
 
+#: What the detail of a run that stopped because its runner's lease ran out says (SPEC 6).
+SELF_FENCED = "fenced itself"
+
+
+def _sentence(text: str) -> str:
+    """``text`` as a sentence: a capital first letter and a full stop."""
+    text = text.strip()
+    if not text:
+        return ""
+    text = text[0].upper() + text[1:]
+    return text if text[-1] in ".!?" else text + "."
+
+
 #: How the detail of a model_error that the runner's estimator caused begins.
 ESTIMATOR_FAILED = "the runner's estimator "
 
@@ -283,9 +296,11 @@ def _why(stop: Stop, budget: Budget) -> str:
                         "tool's own means (reconcile, or a retry of an idempotent tool); a "
                         f"person must resolve it. {stop.detail}",
         "journal_unavailable": "The journal could not record the run; nothing more was "
-                               f"dispatched (fail closed). {stop.detail}",
+                               f"dispatched (fail closed). {_sentence(stop.detail)}",
         "rejected": f"Admission refused the run: {stop.detail}",
     }[stop.status]
+    if stop.status == "journal_unavailable" and SELF_FENCED in stop.detail:
+        return _sentence(stop.detail)  # its lease ran out: the journal itself did not fail
     if stop.status == "model_error" and stop.detail.startswith(ESTIMATOR_FAILED):
         return f"The model was not called: {stop.detail}"
     if stop.status in ("repeated_call", "malformed_response", "model_error"):
