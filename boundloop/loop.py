@@ -570,8 +570,8 @@ class Driver:
         """End the run in order after driving it failed inside boundloop (a bug): the run
         gets a status and a RunFinished, and a person is asked to look."""
         self.pending = []
-        detail = journal_safe(f"boundloop failed while driving the run "
-                              f"({describe_exception(exc)}); a person should review it.")
+        detail = journal_safe(f"{decide.INTERNAL_FAILURE} ({describe_exception(exc)}); a "
+                              "person should review it.")
         return (yield from self.finish(decide.Stop("needs_review", detail=detail)))
 
     def deadline_passed(self) -> bool:

@@ -392,3 +392,131 @@ def test_a_self_fenced_run_counts_only_the_model_calls_made_and_says_why_plainly
     assert "fenced itself" in result.explanation and "journal could not" not in \
         result.explanation
     assert result.explanation.endswith(".")
+
+
+# -- found by a hostile-input pass --------------------------------------------------------------
+def test_an_async_tool_raising_cancelled_error_itself_is_an_error_not_a_skip(
+        tmp_path: Path) -> None:
+    """It ran: journaling it CallSkipped ("not run") would hide a possible side effect."""
+    import asyncio
+
+    async def flaky(text: str) -> str:
+        raise asyncio.CancelledError()
+
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "flaky", {"text": "x"})]),
+                              bl.Final("done")])
+
+    async def main() -> bl.RunResult:
+        async with bl.Runner(tmp_path / "j") as runner:
+            return await runner.arun(model=model, tools=[bl.Tool("flaky", flaky)], prompt="p")
+
+    result = asyncio.run(main())
+    assert result.status == "final"
+    [answer] = [m for m in result.transcript if m.kind == "tool_result"]
+    assert answer.status == "error" and "CancelledError" in str(answer.content)
+    with bl.Runner(tmp_path / "j") as runner:
+        kinds = [type(e).__name__ for e in runner.journal.events(result.run_id)]
+    assert "CallFailed" in kinds and "CallSkipped" not in kinds
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_async_user_code_raising_a_base_exception_ends_its_call_not_the_app(
+        tmp_path: Path, raised: type[BaseException]) -> None:
+    import asyncio
+
+    async def model(history: Any, ctx: Any) -> Any:
+        raise raised()
+
+    async def main() -> tuple[bl.RunResult, bl.RunResult]:
+        async with bl.Runner(tmp_path / "j") as runner:
+            first = await runner.arun(model=model, tools=[], prompt="p")
+            second = await runner.arun(model=bl.ScriptedModel([bl.Final("ok")]), tools=[],
+                                       prompt="p")
+            return first, second
+
+    first, second = asyncio.run(main())  # the application's loop was not stopped
+    assert first.status == "model_error" and raised.__name__ in first.explanation
+    assert second.status == "final"
+
+
+def test_a_journal_whose_table_names_are_damaged_is_refused_not_started_afresh(
+        tmp_path: Path) -> None:
+    """A damaged table name used to make a writer create an empty table in its place: its runs
+    vanished and new ones were written into the damaged file."""
+    import lmdb
+
+    path = tmp_path / "j"
+    with bl.Runner(path) as runner:
+        runner.run(model=bl.ScriptedModel([bl.Final("x")]), tools=[], prompt="p")
+    env = lmdb.open(str(path), max_dbs=16, subdir=True)
+    with env.begin(write=True) as txn:  # the name of "events" with one letter changed
+        env.open_db(b"evemts", txn=txn)
+        txn.drop(env.open_db(b"events", txn=txn), delete=True)
+    env.close()
+    with pytest.raises(bl.JournalCorrupt, match="table names are not boundloop's"):
+        bl.Runner(path)
+
+
+def test_a_response_holding_itself_is_malformed_not_a_failure_of_boundloop(
+        tmp_path: Path) -> None:
+    looped: dict[str, Any] = {}
+    looped["a"] = looped
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=lambda h, c: bl.CallTools([bl.ToolCall("1", "echo", {})],
+                                                            content=looped),
+                            tools=[_echo()], prompt="p")
+    assert result.status == "malformed_response"
+    assert "holding itself" in result.explanation and result.unresolved == []
+
+
+def test_a_failure_of_boundloop_itself_does_not_claim_an_unknown_outcome(
+        tmp_path: Path) -> None:
+    class EvilStr(str):
+        def __eq__(self, other: object) -> bool:
+            raise RuntimeError("eq boom")
+
+        __hash__ = str.__hash__
+
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=lambda h, c: {"kind": EvilStr("final"), "text": "x"},
+                            tools=[], prompt="p")
+    assert result.status in ("needs_review", "malformed_response")
+    if result.status == "needs_review":
+        assert result.explanation.startswith("Boundloop failed while driving the run")
+        assert "outcome is unknown" not in result.explanation
+
+
+def test_handlers_hanging_with_no_timeout_do_not_keep_other_runs_waiting(
+        tmp_path: Path) -> None:
+    """SPEC 1: a tool that hangs stops at most its own run. With timeout_s=None it is never
+    abandoned, so the pool adds a thread once calls have waited STARVED_S with every thread
+    busy."""
+    import time
+
+    block = threading.Event()
+
+    @bl.tool(timeout_s=None)
+    def hang(x: int) -> str:
+        block.wait(30)
+        return "late"
+
+    @bl.tool
+    def quick(x: int) -> str:
+        return "q"
+
+    def calling(name: str) -> bl.ScriptedModel:
+        return bl.ScriptedModel([bl.CallTools([bl.ToolCall("c", name, {"x": 1})]),
+                                 bl.Final("f")])
+
+    try:
+        with bl.Runner(tmp_path / "j", tool_threads=2) as runner:
+            hung = [runner.submit(calling("hang"), [hang], "p") for _ in range(2)]
+            time.sleep(0.5)
+            started = time.monotonic()
+            other = runner.run(model=calling("quick"), tools=[quick], prompt="p")
+            assert other.status == "final" and time.monotonic() - started < 5
+            assert [m.status for m in other.transcript if m.kind == "tool_result"] == ["ok"]
+            block.set()
+            assert [f.result(timeout=20).status for f in hung] == ["final", "final"]
+    finally:
+        block.set()

@@ -31,6 +31,9 @@ from boundloop.clock import Clock
 MAX_THREADS = 256
 #: How long a thread above the pool's size waits idle before it ends.
 _IDLE_S = 2.0
+#: How long calls may wait in the queue while every thread is busy before the pool adds a
+#: thread (handlers that hang with no timeout must not keep other runs' calls waiting).
+STARVED_S = 1.0
 
 
 def is_async(fn: Callable[..., Any]) -> bool:
@@ -134,6 +137,8 @@ class Pool:
         self._live = 0
         self._extra = 0  # threads owed to abandoned calls (capped)
         self._waits = 0  # threads owed to calls waiting in run_child (never capped: SPEC 8)
+        self._boost = 0  # threads added while calls waited and every thread was busy
+        self._watching = False  # a starvation check is due
         self._serial = itertools.count()
         self._running: dict[Future[Any], _Item] = {}
         self._closed = False
@@ -158,7 +163,7 @@ class Pool:
         # Under self._lock: the threads the pool should have now. The cap bounds what
         # abandoned calls are owed; a call waiting for a child is always replaced, so any
         # number of parents may wait on their children at once (SPEC 8).
-        return min(self._size + self._extra, self._cap) + self._waits
+        return min(self._size + self._extra + self._boost, self._cap) + self._waits
 
     def _grow(self) -> None:
         # Under self._lock: one thread more while it is owed.
@@ -169,7 +174,34 @@ class Pool:
         """Run ``fn(*args, **kwargs)`` on a pool thread."""
         future: Future[Any] = Future()
         self._queue.put(_Item(future, lambda: fn(*args, **kwargs)))
+        if len(self._running) >= self._live and not self._watching:
+            self._watch()  # every thread is busy: make sure this call does not wait for ever
         return future
+
+    def _watch(self) -> None:
+        with self._lock:
+            if self._watching or self._closed:
+                return
+            self._watching = True
+        timer = threading.Timer(STARVED_S, self._starved)
+        timer.daemon = True
+        try:
+            timer.start()
+        except RuntimeError:  # no thread to be had (interpreter shutdown)
+            with self._lock:
+                self._watching = False
+
+    def _starved(self) -> None:
+        """Calls still wait and every thread is still busy (handlers hanging with no
+        timeout, say): one thread more, up to the cap; look again while it lasts."""
+        with self._lock:
+            self._watching = False
+            starved = self._queue.qsize() > 0 and len(self._running) >= self._live
+            if starved and not self._closed and self._live < self._cap + self._waits:
+                self._boost += 1
+                self._spawn()
+        if starved:
+            self._watch()
 
     @contextlib.contextmanager
     def blocking(self) -> Iterator[None]:
@@ -202,6 +234,8 @@ class Pool:
                 item = self._queue.get(timeout=_IDLE_S)
             except queue.Empty:
                 with self._lock:
+                    if self._boost:
+                        self._boost -= 1  # idle: what starvation added is no longer owed
                     if self._live > self._target() or self._closed:
                         self._live -= 1
                         return
@@ -358,8 +392,23 @@ def _failed(exc: BaseException) -> Future[Any]:
     return future
 
 
+class UserRaised(Exception):
+    """User code raised what is not an ``Exception`` (a CancelledError nobody asked for, a
+    KeyboardInterrupt, a SystemExit): it ends that call as an error, like any other."""
+
+
 async def _await(awaitable: Any) -> Any:
-    return await awaitable
+    try:
+        return await awaitable
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise  # cancelled from outside (a timeout, the runner closing): a cancellation
+        # Raised by the callable itself: an attempt that ran is not one never started.
+        raise UserRaised("it raised asyncio.CancelledError itself") from None
+    except (KeyboardInterrupt, SystemExit, GeneratorExit) as exc:
+        # In a task these would stop the application's event loop (asyncio re-raises them).
+        raise UserRaised(f"it raised {type(exc).__name__}") from None
 
 
 async def _cancel_all() -> None:

@@ -566,6 +566,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                     # Readers left behind by processes that died would pin old pages.
                     self._env.reader_check()
                 self._check_roots()
+                self._check_tables()
                 dbs = [self._env.open_db(name, create=not self.readonly) for name in _TABLES]
                 self._events, self._runs, self._order, self._open, self._owners, \
                     self._meta = dbs
@@ -579,6 +580,20 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             except lmdb.NotFoundError:
                 raise JournalCorrupt(f"{self.path} is an LMDB environment but not a boundloop "
                                      "journal (its tables are missing)") from None
+
+    def _check_tables(self) -> None:
+        """An existing journal's table names must be boundloop's: a damaged name would make
+        a writer create an empty table in its place and go on as if its runs never were."""
+        with self._env.begin() as txn:
+            present = {bytes(name) for name, _ in txn.cursor()}
+        if not present:
+            return  # a new journal: its tables are made next
+        unknown = present - set(_TABLES)
+        missing = {b"events", b"runs", b"meta"} - present
+        if unknown or missing:
+            what = ", ".join(sorted(n.decode(errors="replace") for n in unknown | missing))
+            raise JournalCorrupt(f"the journal at {self.path} is damaged: its table names are "
+                                 f"not boundloop's ({what}); restore it from a backup")
 
     def _check_roots(self) -> None:
         """Each table's B-tree root must lie inside the file LMDB says it has: a damaged

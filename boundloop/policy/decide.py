@@ -75,11 +75,14 @@ def parse_response(raw: Any) -> Response | Malformed:
     if isinstance(raw, Final | CallTools):
         try:
             raw = msgspec.to_builtins(raw)
-        except (TypeError, ValueError, OverflowError) as exc:
-            return Malformed(f"the response holds a value that is not JSON-like "
-                             f"({type(exc).__name__})")
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+            why = "nested too deep or holding itself" if isinstance(exc, RecursionError) \
+                else type(exc).__name__
+            return Malformed(f"the response holds a value that is not JSON-like ({why})")
     try:
         parsed: Response = msgspec.convert(raw, Response)
+    except RecursionError:
+        return Malformed("the response holds a value nested too deep or holding itself")
     except (msgspec.ValidationError, TypeError):
         # Only now, on the rare path, work out a plain sentence for what was wrong.
         reason = _shape_reason(raw) or \
@@ -251,6 +254,10 @@ def _sentence(text: str) -> str:
     return text if text[-1] in ".!?" else text + "."
 
 
+#: How the detail of a run that ended needs_review because boundloop failed begins.
+INTERNAL_FAILURE = "Boundloop failed while driving the run"
+
+
 #: How the detail of a model_error that the runner's estimator caused begins.
 ESTIMATOR_FAILED = "the runner's estimator "
 
@@ -301,6 +308,8 @@ def _why(stop: Stop, budget: Budget) -> str:
     }[stop.status]
     if stop.status == "journal_unavailable" and SELF_FENCED in stop.detail:
         return _sentence(stop.detail)  # its lease ran out: the journal itself did not fail
+    if stop.status == "needs_review" and stop.detail.startswith(INTERNAL_FAILURE):
+        return stop.detail  # no action's outcome is at stake: boundloop itself failed
     if stop.status == "model_error" and stop.detail.startswith(ESTIMATOR_FAILED):
         return f"The model was not called: {stop.detail}"
     if stop.status in ("repeated_call", "malformed_response", "model_error"):
