@@ -70,7 +70,6 @@ import msgspec
 
 from boundloop import events as ev
 from boundloop.messages import CallTools, Final, Message, ToolCall
-from boundloop.policy.decide import SELF_FENCED  # its own lease ran out: nothing more started
 from boundloop.tools import Tool, ToolContext, tool
 
 TOOLS = ("charge", "ship", "book")
@@ -93,6 +92,7 @@ WRITE_LOCK_PROBE_S = 0.25
 FROZEN_START_S = 0.1
 #: Explanations of a run that stopped because of its ownership (SPEC 6).
 REFUSED = "this runner stopped driving it"  # the journal refused a fenced append
+SELF_FENCED = "fenced itself"  # the runner's own lease ran out: it started nothing more
 
 
 class DrillReport(msgspec.Struct):

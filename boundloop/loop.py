@@ -24,7 +24,7 @@ from boundloop.actors.workers import is_async
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
-from boundloop.errors import JournalError, SequenceConflict
+from boundloop.errors import JournalError, LeaseLost, SequenceConflict
 from boundloop.messages import (
     CallMessage,
     CallTools,
@@ -434,7 +434,9 @@ class Driver:
             try:
                 stop = yield from step()
             except JournalError as exc:
-                stop = decide.Stop("journal_unavailable", detail=str(exc))
+                # A lost lease is this runner's, not the journal's failing: it says so alone.
+                stop = decide.Stop("journal_unavailable", detail=str(exc),
+                                   plain=isinstance(exc, LeaseLost))
             if stop is not None:
                 return (yield from self.finish(stop))
             step = self.round
@@ -490,11 +492,11 @@ class Driver:
             self.emit(ev.RoundCompleted, step=st.model_steps)
         return None
 
-    def unavailable(self, detail: str) -> RunResult:
+    def unavailable(self, detail: str, plain: bool = False) -> RunResult:
         """The result of a run the journal failed: it says so, and nothing more is written."""
         self.lose(self.pending)
         self.pending = []
-        stop = decide.Stop("journal_unavailable", detail=detail)
+        stop = decide.Stop("journal_unavailable", detail=detail, plain=plain)
         self.state.status = stop.status
         self.state.explanation = decide.explain(stop, self.budget)
         return self.result()
@@ -554,7 +556,7 @@ class Driver:
         if stop.status == "journal_unavailable":
             # A write already failed: write nothing more. The run stays open in the journal,
             # as its durable events left it, for recovery to resolve and resume.
-            return self.unavailable(stop.detail)
+            return self.unavailable(stop.detail, plain=stop.plain)
         yield from self.settle_ledger(close=True)
         self.take([decide.run_finished(self.state, stop, self.current,
                                        cancel_reason=self.spec.cancel.reason,
@@ -570,9 +572,11 @@ class Driver:
         """End the run in order after driving it failed inside boundloop (a bug): the run
         gets a status and a RunFinished, and a person is asked to look."""
         self.pending = []
-        detail = journal_safe(f"{decide.INTERNAL_FAILURE} ({describe_exception(exc)}); a "
-                              "person should review it.")
-        return (yield from self.finish(decide.Stop("needs_review", detail=detail)))
+        detail = journal_safe(f"Boundloop failed while driving the run "
+                              f"({describe_exception(exc)}); a person should review it.")
+        # No action's outcome is at stake: boundloop itself failed.
+        return (yield from self.finish(decide.Stop("needs_review", detail=detail,
+                                                   plain=True)))
 
     def deadline_passed(self) -> bool:
         return self.deadline is not None and self.clock.monotonic() >= self.deadline
@@ -601,7 +605,7 @@ class Driver:
             why = f"raised {describe_exception(reply.error)}" if reply.error else \
                 "returned something other than a bl.Usage or an int of input tokens " \
                 "(counts must be whole numbers >= 0)"
-            raise EstimatorFailed(f"{decide.ESTIMATOR_FAILED}{why}")
+            raise EstimatorFailed(f"the runner's estimator {why}")
         return priced(estimate, spec.price)
 
     def history_bytes(self) -> int:
@@ -624,7 +628,8 @@ class Driver:
         try:
             reservation = yield from self.reservation()
         except EstimatorFailed as exc:
-            return decide.Stop("model_error", detail=journal_safe(str(exc)))
+            return decide.Stop("model_error", plain=True,
+                               detail=journal_safe(f"The model was not called: {exc}"))
         except EstimatorAbandoned as exc:
             if str(exc) == "deadline":
                 return decide.Stop("limit_exceeded", "deadline",

@@ -135,9 +135,14 @@ def unforced_claim(fence: Fence | None, events: Sequence[Event], holder: str) ->
     gone on a record read earlier (the owner renewed its lease since: it woke up) must not
     land a claim while that owner starts attempts. A forced resolve claims from a live owner
     on purpose (SPEC 6)."""
-    return fence is None and bool(holder) and any(
-        isinstance(e, OwnerClaimed) and e.owner != holder for e in events) and not any(
-        isinstance(e, CallResolved) and e.forced for e in events)
+    return fence is None and bool(holder) and is_claim(events, other_than=holder)
+
+
+def is_claim(events: Sequence[Event], other_than: str | None = None) -> bool:
+    """True when ``events`` claim their run (an ``OwnerClaimed``, for an owner other than
+    ``other_than`` when given) and are not a forced resolve, which claims on purpose."""
+    return any(isinstance(e, OwnerClaimed) and e.owner != other_than for e in events) \
+        and not any(isinstance(e, CallResolved) and e.forced for e in events)
 
 
 def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[T]]:

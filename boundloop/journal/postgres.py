@@ -118,6 +118,7 @@ from boundloop.journal.base import (
     answer,
     batches,
     check_run_id,
+    is_claim,
     unforced_claim,
     valid_run_id,
 )
@@ -467,9 +468,8 @@ def _claims_from(req: _Request, owner: str) -> bool:
 
 
 def _is_claim(req: _Request) -> bool:
-    """A request that claims its run (``OwnerClaimed``), other than a forced resolve."""
-    return any(isinstance(e, ev.OwnerClaimed) for e in req.events) and not any(
-        isinstance(e, ev.CallResolved) and e.forced for e in req.events)
+    """A request that claims its run, other than a forced resolve (``base.is_claim``)."""
+    return is_claim(req.events)
 
 
 def _index(row: Sequence[Any]) -> _Index:

@@ -28,6 +28,10 @@ class Stop(msgspec.Struct, frozen=True):
     status: str
     limit: str | None = None
     detail: str = ""
+    #: The detail is the whole explanation, without the status's own sentence (which
+    #: would say what did not happen: the journal failed, an outcome is unknown, the model
+    #: raised).
+    plain: bool = False
 
 
 def stop_limit(limit: str) -> Stop:
@@ -241,10 +245,6 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
     return "allow", ""
 
 
-#: What the detail of a run that stopped because its runner's lease ran out says (SPEC 6).
-SELF_FENCED = "fenced itself"
-
-
 def _sentence(text: str) -> str:
     """``text`` as a sentence: a capital first letter and a full stop."""
     text = text.strip()
@@ -252,14 +252,6 @@ def _sentence(text: str) -> str:
         return ""
     text = text[0].upper() + text[1:]
     return text if text[-1] in ".!?" else text + "."
-
-
-#: How the detail of a run that ended needs_review because boundloop failed begins.
-INTERNAL_FAILURE = "Boundloop failed while driving the run"
-
-
-#: How the detail of a model_error that the runner's estimator caused begins.
-ESTIMATOR_FAILED = "the runner's estimator "
 
 
 def unresolved_sentence(count: int) -> str:
@@ -279,6 +271,8 @@ def explain(stop: Stop, budget: Budget, unresolved: int = 0) -> str:
 
 
 def _why(stop: Stop, budget: Budget) -> str:
+    if stop.plain:
+        return _sentence(stop.detail)
     if stop.status == "limit_exceeded" and stop.limit is not None:
         value = budget.limit(stop.limit)
         what = {
@@ -306,12 +300,6 @@ def _why(stop: Stop, budget: Budget) -> str:
                                f"dispatched (fail closed). {_sentence(stop.detail)}",
         "rejected": f"Admission refused the run: {stop.detail}",
     }[stop.status]
-    if stop.status == "journal_unavailable" and SELF_FENCED in stop.detail:
-        return _sentence(stop.detail)  # its lease ran out: the journal itself did not fail
-    if stop.status == "needs_review" and stop.detail.startswith(INTERNAL_FAILURE):
-        return stop.detail  # no action's outcome is at stake: boundloop itself failed
-    if stop.status == "model_error" and stop.detail.startswith(ESTIMATOR_FAILED):
-        return f"The model was not called: {stop.detail}"
     if stop.status in ("repeated_call", "malformed_response", "model_error"):
         return base
     if stop.status in ("cancelled", "final"):

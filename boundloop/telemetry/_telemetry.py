@@ -370,7 +370,8 @@ class Telemetry:
         queues the figures (~0.1 µs); they are recorded with the next projection (which
         follows every commit) or ``flush``, so the SDK's ~6 µs a measurement is paid off
         the writer. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself
-        (unless an ``observe`` is under way: that one records them).
+        (unless a projection is under way: that one records them). It also keeps the
+        average commit latency the projector's budget is a share of (``SYNC_SHARE``).
         """
         if not self._settled and time.monotonic() >= self._recheck_at:
             self._recheck()
