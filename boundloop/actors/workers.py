@@ -139,6 +139,8 @@ class Pool:
         self._waits = 0  # threads owed to calls waiting in run_child (never capped: SPEC 8)
         self._boost = 0  # threads added while calls waited and every thread was busy
         self._watching = False  # a starvation check is due
+        self._taken = 0  # calls threads have taken from the queue, ever
+        self._taken_at_watch = 0
         self._serial = itertools.count()
         self._running: dict[Future[Any], _Item] = {}
         self._closed = False
@@ -183,6 +185,7 @@ class Pool:
             if self._watching or self._closed:
                 return
             self._watching = True
+            self._taken_at_watch = self._taken
         timer = threading.Timer(STARVED_S, self._starved)
         timer.daemon = True
         try:
@@ -196,7 +199,9 @@ class Pool:
         timeout, say): one thread more, up to the cap; look again while it lasts."""
         with self._lock:
             self._watching = False
-            starved = self._queue.qsize() > 0 and len(self._running) >= self._live
+            # Starved, not merely busy: calls wait and no thread took one all this time.
+            starved = self._queue.qsize() > 0 and self._taken == self._taken_at_watch \
+                and len(self._running) >= self._live
             if starved and not self._closed and self._live < self._cap + self._waits:
                 self._boost += 1
                 self._spawn()
@@ -248,6 +253,7 @@ class Pool:
                 continue
             with self._lock:
                 self._running[item.future] = item
+                self._taken += 1
             try:
                 result = item.call()
             except BaseException as exc:  # noqa: BLE001 - delivered through the future
