@@ -117,6 +117,8 @@ class ParentLink(msgspec.Struct):
     children: threading.Event
     #: The event loop of the run (the caller's, for ``arun``): children's run on it too.
     loop: asyncio.AbstractEventLoop | None = None
+    #: The run's scrubber: a child starts knowing every secret its parent redacted.
+    scrubber: Scrubber | None = None
 
 
 class Dispatch(msgspec.Struct):
@@ -254,6 +256,8 @@ class RunSpec(msgspec.Struct, kw_only=True):
     #: Where ``async def`` models, tools, permits and reconcilers run: the caller's event
     #: loop for a run started with ``arun`` (SPEC 1), else the runner's own (None).
     loop: asyncio.AbstractEventLoop | None = None
+    #: What the run's texts are scrubbed with (SPEC 9); the runner keeps it for a resume.
+    scrubber: Scrubber | None = None
 
 
 def content_of(value: Any) -> Any:
@@ -309,8 +313,9 @@ class Driver:
         self.attempts_recorded: dict[str, int] = {}
         self.unknown: set[str] = set()
         # SPEC 9: every value redacted in the run is remembered and replaced in every later
-        # text the run journals (a resumed run remembers what it redacts from then on).
-        self.scrubber = Scrubber(spec.secret_key)
+        # text the run journals (a resumed run: see Runner._submit_resume).
+        self.scrubber = spec.scrubber if spec.scrubber is not None else \
+            Scrubber(spec.secret_key)
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -530,7 +535,8 @@ class Driver:
         st = self.state
         self.snapshot = (st.tool_calls - st.child_tool_calls, st.usage - st.child_usage)
         return ParentLink(self.spec.run_id, step, self.current, st.tool_calls, st.usage,
-                          self.deadline, self.spec.cancel, self.spec.children, self.spec.loop)
+                          self.deadline, self.spec.cancel, self.spec.children, self.spec.loop,
+                          self.scrubber)
 
     def settle_ledger(self, reserve: int = 0,
                       close: bool = False) -> Generator[Effect, Any, LedgerReply | None]:

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
@@ -44,11 +45,16 @@ from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
-from boundloop.policy.redact import Scrubber, journal_safe, storable
+from boundloop.policy.redact import Scrubber, digests_in, journal_safe, storable
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
 from boundloop.telemetry import Telemetry
 from boundloop.tools import Tool
+
+#: Statuses a run ends with that ``resume`` continues (besides runs left open).
+RESUMABLE = ("needs_review", "journal_unavailable")
+#: How many resumable runs' scrubbers a runner keeps (the oldest go first).
+KEPT_SCRUBBERS = 1024
 
 
 async def _await_run(future: Future[RunResult], token: CancelToken) -> RunResult:
@@ -210,6 +216,10 @@ class Runner:
         self._lapses = 0
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tokens: dict[str, CancelToken] = {}
+        #: The scrubbers of runs that ended resumable here (needs_review, journal
+        #: unavailable), newest last: a resume or resolve on this runner still knows
+        #: every secret the run redacted (SPEC 9), spaces and all.
+        self._scrubbers: OrderedDict[str, Scrubber] = OrderedDict()
         self._futures: dict[str, Future[RunResult]] = {}
         self._pending: set[Future[RunResult]] = set()  # futures being admitted
         self._lock = threading.Lock()
@@ -367,7 +377,7 @@ class Runner:
                 raise RecoveryError(f"run {run_id!r} was claimed by another runner") from None
             seq += 1
         spec = self._spec(model, tools, None, None, state.budget, cancel, run_id, permit,
-                          resume=state, loop=loop)
+                          resume=state, loop=loop, scrubber=self._scrubber(run_id, state))
         return self._start(spec, seq, resuming=True), spec.cancel
 
     def resolve(self, run_id: str, execution_id: str, outcome: str, note: str = "", *,
@@ -411,10 +421,11 @@ class Runner:
                         "that runner first")
                 forced = True
             batch.append(self._claim_event(state))
-        who = by or f"{getpass.getuser()}@{socket.gethostname()}"
-        # A person's note is text the run journals too (SPEC 9): text with the shape of a
-        # credential is redacted from it.
-        note = Scrubber(self._journal.secret_key).text(journal_safe(str(note)))
+        # A person's note and name are text the run journals too (SPEC 9): the run's
+        # secrets and text with the shape of a credential are redacted from them.
+        scrubber = self._scrubber(run_id, state, keep=True)
+        who = scrubber.text(journal_safe(by or f"{getpass.getuser()}@{socket.gethostname()}"))
+        note = scrubber.text(journal_safe(str(note)))
         batch.append(ev.CallResolved(run_id=run_id, ts=self.clock.time(),
                                      elapsed_s=state.elapsed_s, execution_id=execution_id,
                                      outcome=outcome, note=note, by=who, forced=forced))
@@ -489,6 +500,7 @@ class Runner:
             raise ConfigError("the prompt or history holds text that is not valid Unicode (a "
                               "lone surrogate) or an integer beyond 64 bits; the journal "
                               "cannot record it")
+        extra.setdefault("scrubber", Scrubber(self._journal.secret_key))
         return RunSpec(
             run_id=check_run_id(run_id) if run_id is not None else new_run_id(),
             model=model, tools=_tools(tools), budget=budget, history=messages,
@@ -497,6 +509,27 @@ class Runner:
             lease_ok=functools.partial(self.lease_ok, self._lapses), permit=permit,
             read_only=self.read_only, price=self.price, estimator=self.estimator,
             run_child=self._run_child, **extra)
+
+    def _scrubber(self, run_id: str, state: RunState, keep: bool = False) -> Scrubber:
+        """A scrubber for what is appended to a run from now on: it knows the secrets the
+        run redacted on this runner, and learns again those whose digests its journal holds
+        (a run redacted by another process)."""
+        with self._lock:
+            kept = self._scrubbers.get(run_id) if keep else self._scrubbers.pop(run_id, None)
+        return Scrubber(self._journal.secret_key, inherit=kept,
+                        digests=digests_in(state.transcript))
+
+    def _keep_scrubber(self, run_id: str, scrubber: Scrubber | None,
+                       future: Future[RunResult]) -> None:
+        if scrubber is None or not scrubber.remembered or future.cancelled():
+            return
+        if future.exception() is None and future.result().status not in RESUMABLE:
+            return
+        with self._lock:
+            self._scrubbers[run_id] = scrubber
+            self._scrubbers.move_to_end(run_id)
+            while len(self._scrubbers) > KEPT_SCRUBBERS:
+                self._scrubbers.popitem(last=False)
 
     def _start(self, spec: RunSpec, seq: int, resuming: bool = False) -> Future[RunResult]:
         future: Future[RunResult] = Future()
@@ -522,10 +555,10 @@ class Runner:
                 if self._closed:
                     spec.cancel.cancel("the runner is closing")
             # Cancelling the Future cancels the run (SPEC 1); it still ends in the journal.
-            token = spec.cancel
+            token, scrubber = spec.cancel, spec.scrubber
             future.add_done_callback(
                 lambda f: token.cancel("the caller cancelled the run's Future")
-                if f.cancelled() else None)
+                if f.cancelled() else self._keep_scrubber(spec.run_id, scrubber, f))
             shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
             self._supervisors[shard].tell(StartRun(spec, future, seq))
         except pykka.ActorDeadError:
@@ -559,7 +592,8 @@ class Runner:
         spec = self._spec(model, tools, prompt, history, carved, token, run_id, permit,
                           parent_run_id=link.run_id, parent_step=link.step,
                           parent_execution_id=execution_id, parent_deadline=link.deadline,
-                          loop=link.loop)
+                          loop=link.loop, scrubber=Scrubber(self._journal.secret_key,
+                                                            inherit=link.scrubber))
         self._budget.tell(Open(spec.run_id, link.run_id, carved))
         link.children.set()
         try:

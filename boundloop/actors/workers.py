@@ -79,7 +79,10 @@ class Timer:
         """Call ``fn`` once the clock reads ``when`` (a ``clock.monotonic()`` value)."""
         with self._cond:
             heapq.heappush(self._heap, (when, next(self._seq), fn))
-            self._cond.notify()
+            if self._heap[0][2] is fn:
+                # Only a new earliest time changes the timer thread's wait: waking it for
+                # every later one cost ~3 thread wake-ups a round (a tool timeout each).
+                self._cond.notify()
 
     def _run(self) -> None:
         real = self._clock.real

@@ -35,12 +35,12 @@ import hashlib
 import hmac
 import re
 import typing
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import Any, Literal
 
 import msgspec
 
-from boundloop.policy.safe_text import describe_exception
+from boundloop.policy.safe_text import ELLIPSIS, describe_exception
 
 PREFIX = "hmac-sha256:"
 
@@ -370,6 +370,11 @@ WHOLE_WORD_BELOW = 8
 #: still redacted, and still caught by the patterns).
 MAX_REMEMBERED_CHARS = 65_536
 MAX_REMEMBERED = 4096
+#: The most distinct words of one text a resumed run checks against the journal's digests.
+MAX_LEARNED_WORDS = 20_000
+_WORDS = re.compile(r"\S+")
+_PARTS = re.compile(r"[:=,;]+")
+_PUNCTUATION = "\"'`.,;:!?()[]{}<>"
 
 #: Keys whose values text scrubbing leaves alone: opaque blobs of provider content blocks
 #: (a thinking block's ``signature``, a reasoning item's ``encrypted_content``, a
@@ -489,13 +494,19 @@ class Scrubber:
     idempotent: digests are never scrubbed again.
     """
 
-    __slots__ = ("_digests", "_key", "_pattern", "_stale")
+    __slots__ = ("_digests", "_key", "_pattern", "_stale", "_unseen")
 
-    def __init__(self, secret_key: bytes) -> None:
+    def __init__(self, secret_key: bytes, *, inherit: Scrubber | None = None,
+                 digests: Iterable[str] = ()) -> None:
+        """``inherit``: a scrubber whose remembered values this one starts with (the same
+        run before a resume on this runner, a child's parent). ``digests``: digests the
+        run's journal already holds (a resumed run): words of later texts whose digest is
+        one of them are learned as secrets and replaced (``learn``)."""
         self._key = secret_key
-        self._digests: dict[str, str] = {}
+        self._digests: dict[str, str] = {} if inherit is None else dict(inherit._digests)
         self._pattern: re.Pattern[str] | None = None
-        self._stale = False
+        self._stale = bool(self._digests)
+        self._unseen = set(digests) - set(self._digests.values())
 
     # -- remembering -------------------------------------------------------------------
     def remember(self, value: Any) -> None:
@@ -548,9 +559,50 @@ class Scrubber:
         return self._pattern
 
     # -- scrubbing ---------------------------------------------------------------------
+    def learn(self, text: str) -> None:
+        """Remember every word of ``text`` (whole, without surrounding punctuation, or a
+        ``key=value`` part) whose digest the journal holds but whose clear value this
+        scrubber has not seen: after a resume, a secret redacted before it is replaced
+        again when it comes back (a secret holding spaces is not found this way)."""
+        unseen = self._unseen
+        tried: set[str] = set()
+        for m in _WORDS.finditer(text):
+            word = m.group()
+            for candidate in (word, word.strip(_PUNCTUATION), *_PARTS.split(word)):
+                if len(candidate) < MIN_REMEMBERED or candidate in tried:
+                    continue
+                tried.add(candidate)
+                values: list[Any] = [candidate]
+                if candidate.isascii() and candidate.isdigit():
+                    values.append(int(candidate))  # a PIN redacted as a number
+                for value in values:
+                    d = digest(self._key, value)
+                    if d in unseen:
+                        unseen.discard(d)
+                        self._remember(candidate, value)
+                        if not unseen:
+                            return
+            if len(tried) > MAX_LEARNED_WORDS:
+                return
+
+    def _cut_secret(self, text: str) -> str:
+        """A text cut short (ending in an ellipsis) that ends with the start of a
+        remembered value: that start is replaced by the value's digest too."""
+        body = text[:-1]
+        for value, dig in self._digests.items():
+            head = value[:MIN_REMEMBERED]
+            at = body.find(head, max(len(body) - len(value) + 1, 0))
+            while at != -1:
+                if value.startswith(body[at:]):
+                    return body[:at] + dig + text[-1]
+                at = body.find(head, at + 1)
+        return text
+
     def text(self, text: str) -> str:
         """``text`` with every remembered value and every credential-shaped part replaced by
         its digest (the same object when nothing was replaced)."""
+        if self._unseen:
+            self.learn(text)
         known = self._digests
         if known:
             hit = len(known) > 32
@@ -564,6 +616,8 @@ class Scrubber:
                 out, found = pattern.subn(self._known, text)
                 if found:
                     text = out
+            if text.endswith(ELLIPSIS):
+                text = self._cut_secret(text)
         lower: str | None = None
         for anchor in _ANCHORS:
             if anchor in text:
@@ -758,6 +812,19 @@ def storable(value: Any) -> bool:
     except _ENCODE_ERRORS:
         return False
     return True
+
+
+_DIGEST = re.compile(re.escape(PREFIX) + "[0-9a-f]{64}")
+
+
+def digests_in(value: Any) -> set[str]:
+    """Every digest (``hmac-sha256:<hex>``) in a JSON-like value or msgspec Struct (a
+    run's transcript), at any depth and inside texts."""
+    try:
+        text = _json.encode(value).decode()
+    except _ENCODE_ERRORS:
+        return set()
+    return set(_DIGEST.findall(text))
 
 
 def journal_safe(value: Any) -> Any:

@@ -6,6 +6,8 @@ import re
 
 #: The longest exception description kept (the rest is cut with an ellipsis).
 MAX_TEXT = 2000
+#: What ends a text cut short.
+ELLIPSIS = "\u2026"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -20,7 +22,7 @@ def _storable(text: str) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "\u2026"
+    return text if len(text) <= limit else text[:limit - 1] + ELLIPSIS
 
 
 def describe_exception(exc: BaseException) -> str:
