@@ -160,3 +160,13 @@ def test_an_exception_text_cut_short_inside_a_secret_keeps_no_part_of_it(
         assert len(failed) == 1 and failed[0].content.endswith("\u2026")
         assert "hmac-sha256:" in failed[0].content[-80:]
         assert secret[:12] not in journal_text(runner)
+
+
+def test_a_quoted_credential_value_is_redacted_past_an_escaped_quote() -> None:
+    from boundloop.policy.redact import Scrubber
+
+    scrubber = Scrubber(KEY)
+    out = scrubber.text('{"password": "ab\\"SECRET-after-quote", "user": "bob"}')
+    assert "SECRET" not in out and '"user": "bob"' in out
+    assert out.startswith('{"password": "hmac-sha256:')
+    assert "after-quote" not in scrubber.text("password='it\\'s after-quote' ok")

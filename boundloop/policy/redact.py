@@ -457,7 +457,7 @@ _ANCHORS_LOWER = tuple(dict.fromkeys(a for _, anchors, _, _ in SECRET_PATTERNS
 #: texts that hold ``=`` or ``:`` and one of ``_KEY_FRAGMENTS`` (lower-cased) are searched.
 _KEY_VALUE = re.compile(
     r"""(?P<key>(?<![\w.-])[A-Za-z_][\w.-]{0,63})(?P<q>["']?)[ \t]{0,4}[=:](?!//)[ \t]{0,4}"""
-    r"""(?:"(?P<dq>[^"\r\n]*)"|'(?P<sq>[^'\r\n]*)'"""
+    r"""(?:"(?P<dq>(?:[^"\\\r\n]|\\.)*)"|'(?P<sq>(?:[^'\\\r\n]|\\.)*)'"""
     r"""|(?P<scheme>(?i:bearer|basic|digest|token|bot|negotiate)[ \t]+)?"""
     r"""(?P<plain>[^\s&;,'"<>(){}\[\]]+))""")
 #: Parts of every credential word and pair (``CREDENTIAL_WORDS``, ``CREDENTIAL_PAIRS``).
