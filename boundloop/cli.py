@@ -38,7 +38,8 @@ EXIT_INTERNAL = 70
 EXIT_CODES = (
     "Exit codes: 0 ok; 1 replay found a mismatch, --check a divergence, or verify a damaged "
     "run; 2 bad input; "
-    "3 unknown run id; 4 journal missing, locked or unreadable; 70 internal error."
+    "3 unknown run id; 4 journal missing, locked, unreadable or damaged (stats: after its "
+    "figures); 70 internal error."
 )
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -70,6 +71,8 @@ def json_option(what: str) -> Callable[[F], F]:
 
 
 if TYPE_CHECKING:
+    from boundloop.stats import Stats
+
     _ParamType = click.ParamType[float]
 else:  # click < 8.3: ParamType is not generic
     _ParamType = click.ParamType
@@ -1095,13 +1098,22 @@ def stats(journal: str | None, as_json: bool, since: float | None, by: str | Non
     limit hits, unknown outcomes, retries, reconciliations, reviews, tokens by kind, cost per
     finished run, run duration and model and tool latency."""
     from boundloop.inspect import open_journal
-    from boundloop.stats import damage, from_journal, group_table, summary
+    from boundloop.stats import from_journal
 
     with open_journal(journal_dir(journal), readonly=True) as j:
         figures = from_journal(j, since_s=since, by=by)  # type: ignore[arg-type]
     if as_json:
         _echo_json(figures)
-        return
+    else:
+        _stats_text(figures, by)
+    if figures.damaged:
+        # The figures leave those runs out: the journal is damaged, and the exit says so.
+        click.get_current_context().exit(EXIT_JOURNAL)
+
+
+def _stats_text(figures: Stats, by: str | None) -> None:
+    from boundloop.stats import damage, group_table, summary
+
     out = _Out()
     for line in summary(figures):
         out.line(line)

@@ -76,12 +76,13 @@ def journal_dir(value: str | os.PathLike[str] | None = None) -> str:
 
 
 def open_journal(path: str | os.PathLike[str] | None = None, *,
-                 create: bool = False, readonly: bool = False) -> Journal:
+                 create: bool = False, readonly: bool = False, walk: bool = True) -> Journal:
     """Open the LMDB journal in ``path`` (see ``journal_dir``), or the PostgreSQL journal a
     ``postgresql://`` URL names, for inspection.
 
     With ``readonly`` nothing is written, created or chmodded, and no write lock is taken,
-    so it never waits for a writer (SPEC 6: commands that only read).
+    so it never waits for a writer (SPEC 6: commands that only read). ``walk``: see
+    ``LmdbJournal``.
 
     Raises:
         JournalUnavailable: there is no journal there (and ``create`` is False), or it cannot
@@ -107,7 +108,8 @@ def open_journal(path: str | os.PathLike[str] | None = None, *,
         if not (where / "data.mdb").exists():
             raise JournalUnavailable(f"{where} holds no journal (no data.mdb); {hint}")
     try:
-        return LmdbJournal(where, create=create and not readonly, readonly=readonly)
+        return LmdbJournal(where, create=create and not readonly, readonly=readonly,
+                           walk=walk)
     except OSError as exc:
         raise JournalUnavailable(f"cannot open the journal at {where}: "
                                  f"{exc.strerror or exc}") from None
@@ -1263,7 +1265,15 @@ def _verify_child() -> None:
         out.flush()
 
     try:
-        with open_journal(sys.argv[1], readonly=True) as j:
+        # Its pages are walked here, as a finding: the runs are read all the same (a crash
+        # reading one is reported by the parent), so that each damaged run is named.
+        with open_journal(sys.argv[1], readonly=True, walk=False) as j:
+            if sys.argv[2] != "some" and hasattr(j, "walk_pages"):
+                try:
+                    j.walk_pages()
+                except BoundloopError as exc:
+                    say({"report": ChainReport(run_id="(pages)", head=None, ok=False,
+                                               error=str(exc))})
             for report in _chain_reports(j, sys.argv[3:], listed=lambda ids: say({"ids": ids}),
                                          indexes=sys.argv[2] != "some",
                                          runs=sys.argv[2] != "indexes"):

@@ -342,8 +342,9 @@ def test_verify_reports_damage_to_lmdbs_own_pages(journal: tuple[Path, list[str]
     """LMDB keeps no checksums of its B-tree pages. It refuses a child page past its last
     one, but a damaged child pointer to a page of the wrong kind fails one of its
     assertions (an abort), and a damaged value size reads past the end of the file (a
-    SIGBUS), in any process that reads the run. ``boundloop verify`` reads in a child
-    process, so it reports each run it could not read, and exits 1."""
+    SIGBUS), in any process that reads the run through LMDB unchecked. ``boundloop verify``
+    reads in a child process, so it reports each run it could not read (and the damaged
+    page its walk found), and exits 1; every other reader walks the pages first."""
     path, ids = journal
     root, depth = _events_root(path)
     assert depth >= 2  # the root is a branch page
@@ -361,8 +362,12 @@ def test_verify_reports_damage_to_lmdbs_own_pages(journal: tuple[Path, list[str]
         reading = subprocess.run([sys.executable, "-c", "import sys, boundloop as bl\n"
                                   "j = bl.journal.LmdbJournal(sys.argv[1], readonly=True)\n"
                                   "list(j.read(sys.argv[2]))", str(path), hit[0]],
-                                 capture_output=True, timeout=60)
-        assert reading.returncode < 0  # what the child process spared verify
+                                 capture_output=True, text=True, timeout=60)
+        # Any other reader walks the pages when it opens the journal: damage, not a crash.
+        assert reading.returncode == 1, reading
+        assert "JournalCorrupt" in reading.stderr and "damaged B-tree page" in reading.stderr
+    assert any(line.startswith("(pages)") and "damaged B-tree page" in line
+               for line in damaged), done.stdout
 
 
 # -- format version ------------------------------------------------------------------------

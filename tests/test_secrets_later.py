@@ -52,23 +52,24 @@ def review_run(runner: bl.Runner, secret: str) -> bl.RunResult:
     return result
 
 
-def resume(runner: bl.Runner, result: bl.RunResult, secret: str) -> bl.RunResult:
+def resume(runner: bl.Runner, result: bl.RunResult,
+           secret: str) -> tuple[bl.RunResult, list[bl.events.Event]]:
+    """Resolve and resume the run; the result and the run's events, checked to hold no
+    clear ``secret``."""
     runner.resolve("R", result.unresolved[0].execution_id, "failed",
                    note=f"bob's password {secret} had expired", by=f"ops {secret}")
     model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c3", "whoami", {})]),
                               bl.Final(f"retried with {secret}")])
-    return runner.resume("R", model=model, tools=tools(secret))
+    again = runner.resume("R", model=model, tools=tools(secret))
+    assert again.status == "final", again
+    assert secret not in journal_text(runner)
+    return again, list(runner.journal.events("R"))
 
 
 def test_a_resume_on_the_same_runner_remembers_every_secret_the_run_redacted(
         tmp_path: Path) -> None:
     with bl.Runner(tmp_path / "j", redaction_key=KEY) as runner:
-        first = review_run(runner, PHRASE)
-        again = resume(runner, first, PHRASE)
-        assert again.status == "final", again
-        text = journal_text(runner)
-        assert PHRASE not in text
-        events = list(runner.journal.events("R"))
+        again, events = resume(runner, review_run(runner, PHRASE), PHRASE)
         resolved = next(e for e in events if isinstance(e, bl.events.CallResolved))
         assert resolved.by.startswith("ops hmac-sha256:")
         assert "hmac-sha256:" in resolved.note and "expired" in resolved.note
@@ -85,11 +86,7 @@ def test_a_resume_on_a_fresh_runner_learns_the_secrets_from_the_journals_digests
     with bl.Runner(tmp_path / "j", redaction_key=KEY) as runner:
         first = review_run(runner, TOKEN)
     with bl.Runner(tmp_path / "j", redaction_key=KEY) as runner:
-        again = resume(runner, first, TOKEN)
-        assert again.status == "final", again
-        text = journal_text(runner)
-        assert TOKEN not in text
-        events = list(runner.journal.events("R"))
+        _, events = resume(runner, first, TOKEN)
         decided = next(e for e in events if isinstance(e, bl.events.CallDecided))
         password = decided.arguments["password"]
         assert password.startswith("hmac-sha256:")

@@ -292,6 +292,139 @@ def _free_pages(fd: int, psize: int, root: int, pages: int) -> set[int] | None:
     return free
 
 
+_F_SUBDATA, _F_DUPDATA = 0x02, 0x04
+_P_LEAF2 = 0x20
+_HEADER = struct.Struct("<QHHHH")  # mp_pgno, pad, flags, lower, upper
+_NODE = struct.Struct("<IHH")  # lo|hi (data size or child page, low bits), flags, key size
+_DB = struct.Struct("<IHHQQQQQ")  # an MDB_db: pad, flags, depth, pages x3, entries, root
+#: Where the free pages' and the main table's MDB_db are in a meta page, and its txnid.
+_FREE_DB_AT, _MAIN_DB_AT, _TXNID_AT = 40, 88, 144
+
+
+def check_pages(data: Path) -> None:
+    """Walk every B-tree page of every table with ``pread`` (never through LMDB's map), so
+    a damaged page is an error instead of a SIGBUS or an LMDB assertion (SIGABRT) in
+    whatever reads it later: each page must hold its own page number, the kind its depth
+    calls for, node offsets and sizes inside the page, and children and overflow pages
+    inside the file. Call it inside a read transaction, which keeps writers from reusing
+    the pages walked. A page seen twice (a cycle) is damage too.
+
+    Raises:
+        JournalCorrupt: a page is damaged.
+        JournalUnavailable: the file cannot be read.
+    """
+    for attempt in range(3):  # a meta page being written at that moment can be read torn
+        try:
+            fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise JournalUnavailable(f"cannot read {data}: {exc.strerror or exc}") from None
+        try:
+            _Walk(fd, data).run()
+            return
+        except JournalCorrupt:
+            if attempt == 2:
+                raise
+            time.sleep(0.01)
+        except OSError as exc:
+            raise JournalUnavailable(f"cannot read {data}: {exc.strerror or exc}") from None
+        finally:
+            os.close(fd)
+
+
+class _Walk:
+    """One walk of ``check_pages`` over the current snapshot."""
+
+    def __init__(self, fd: int, data: Path) -> None:
+        self.fd, self.data = fd, data
+        self.seen: set[int] = set()
+
+    def bad(self, pgno: int, what: str) -> JournalCorrupt:
+        return _bad_file(self.data, f"has a damaged B-tree page {pgno} ({what})")
+
+    def run(self) -> None:
+        first = os.pread(self.fd, _META_SIZE, 0)
+        if len(first) < _META_SIZE or int.from_bytes(first[16:20], "little") != _MDB_MAGIC:
+            return  # not LMDB's: LMDB refuses it without reading pages
+        self.psize = _META.unpack(first)[2]
+        second = os.pread(self.fd, _META_SIZE, self.psize)
+        meta = second if int.from_bytes(second[_TXNID_AT:_TXNID_AT + 8], "little") > \
+            int.from_bytes(first[_TXNID_AT:_TXNID_AT + 8], "little") else first
+        self.last = _META.unpack(meta)[5]
+        self.pages = min(os.fstat(self.fd).st_size // self.psize, self.last + 1)
+        _, _, depth, _, _, _, _, root = _DB.unpack_from(meta, _FREE_DB_AT)
+        self.tree(root, depth)  # LMDB reads its free pages' table in every write
+        _, _, depth, _, _, _, _, root = _DB.unpack_from(meta, _MAIN_DB_AT)
+        self.tree(root, depth, subtables=True)
+
+    def page(self, pgno: int) -> bytes:
+        if pgno in self.seen:
+            raise self.bad(pgno, "reached twice")
+        if not 2 <= pgno < self.pages:
+            raise self.bad(pgno, f"outside the file's {self.pages} pages")
+        self.seen.add(pgno)
+        page = os.pread(self.fd, self.psize, pgno * self.psize)
+        if len(page) < self.psize:
+            raise self.bad(pgno, "cut short")
+        return page
+
+    def tree(self, root: int, depth: int, subtables: bool = False) -> None:
+        if root == _P_INVALID:
+            return
+        if not 1 <= depth <= 64:
+            raise self.bad(root, f"a table of depth {depth}")
+        todo = [(root, 1)]
+        while todo:
+            pgno, level = todo.pop()
+            page = self.page(pgno)
+            own, _, flags, lower, upper = _HEADER.unpack_from(page)
+            kind = _P_LEAF if level == depth else _P_BRANCH
+            if own != pgno:
+                raise self.bad(pgno, f"it says it is page {own}")
+            if flags & (_P_BRANCH | _P_LEAF | _P_OVERFLOW) != kind or flags & _P_LEAF2:
+                raise self.bad(pgno, f"flags {flags:#x} where a "
+                                     f"{'leaf' if kind == _P_LEAF else 'branch'} belongs")
+            if not 16 <= lower <= upper <= self.psize or lower & 1:
+                raise self.bad(pgno, f"bounds {lower}..{upper}")
+            count = (lower - 16) // 2
+            offsets = struct.unpack_from(f"<{count}H", page, 16)
+            if count and not upper <= min(offsets) <= max(offsets) <= self.psize - 8:
+                raise self.bad(pgno, "a node outside the page")
+            unpack = _NODE.unpack_from
+            for n, at in enumerate(offsets):
+                size, nflags, ksize = unpack(page, at)
+                end = at + 8 + ksize
+                if kind == _P_BRANCH:
+                    if end > self.psize:
+                        raise self.bad(pgno, f"node {n} runs past the page")
+                    todo.append((size | nflags << 32, level + 1))
+                    continue
+                if nflags & _F_BIGDATA:
+                    if end + 8 > self.psize:
+                        raise self.bad(pgno, f"node {n} runs past the page")
+                    self.overflow(int.from_bytes(page[end:end + 8], "little"), size, pgno)
+                    continue
+                if end + size > self.psize or nflags & _F_DUPDATA:
+                    raise self.bad(pgno, f"node {n} runs past the page")
+                if subtables and nflags & _F_SUBDATA:
+                    if size != _DB.size:
+                        raise self.bad(pgno, f"a table record of {size} bytes")
+                    _, _, sub_depth, _, _, _, _, sub_root = _DB.unpack_from(page, end)
+                    self.tree(sub_root, sub_depth)
+
+    def overflow(self, pgno: int, size: int, parent: int) -> None:
+        count = -(-(size + 16) // self.psize)
+        if pgno + count > self.pages:
+            raise self.bad(parent, f"a value on pages {pgno}..{pgno + count - 1}, past the "
+                                   "file's end")
+        page = self.page(pgno)
+        own, _, flags = _HEADER.unpack_from(page)[:3]
+        pages = int.from_bytes(page[12:16], "little")
+        if own != pgno or not flags & _P_OVERFLOW or pages != count:
+            raise self.bad(pgno, "not the overflow page its value needs")
+
+
 #: The key file older versions kept here (boundloop.keys decides what becomes of it; it is
 #: not chmod-ed here, so its mode still says whether someone else could have written it).
 KEY_FILE = "redaction.key"
@@ -420,7 +553,10 @@ def _names(ids: list[bytes]) -> list[str]:
     for rid in ids:
         if rid not in seen:
             seen.add(rid)
-            out.append(rid.decode(errors="backslashreplace"))
+            name = rid.decode(errors="backslashreplace")
+            if not name.isprintable():  # a damaged key: never control codes on a terminal
+                name = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in name)
+            out.append(name)
     return out
 
 
@@ -461,13 +597,19 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         max_map_size: the map never grows past this; a full journal fails closed.
         max_readers: concurrent read transactions across every process sharing the journal.
         create: create the directory when it does not exist.
+        readonly: never write, create or chmod anything, never take the write lock.
+        walk: check every B-tree page when opening (``walk_pages``: about 20 µs a page),
+            so that a damaged page is JournalCorrupt, never a crash of the process; only
+            a reader that reads in a process of its own (``boundloop verify``) skips it.
     """
 
     def __init__(self, path: str | os.PathLike[str], *, sync: bool = True,
                  map_size: int = 1 << 30, max_map_size: int = 1 << 40,
-                 max_readers: int = 1024, create: bool = True, readonly: bool = False) -> None:
+                 max_readers: int = 1024, create: bool = True, readonly: bool = False,
+                 walk: bool = True) -> None:
         self.path = Path(path)
         self.readonly = readonly
+        self._walk = walk
         data = self.path / "data.mdb"
         if not self.path.exists():
             if not create or readonly:
@@ -565,6 +707,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                 if not self.readonly:
                     # Readers left behind by processes that died would pin old pages.
                     self._env.reader_check()
+                if self._walk:
+                    self.walk_pages()
                 self._check_roots()
                 self._check_tables()
                 dbs = [self._env.open_db(name, create=not self.readonly) for name in _TABLES]
@@ -580,6 +724,16 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             except lmdb.NotFoundError:
                 raise JournalCorrupt(f"{self.path} is an LMDB environment but not a boundloop "
                                      "journal (its tables are missing)") from None
+
+    def walk_pages(self) -> None:
+        """``check_pages`` on this journal's file (opening does it, unless ``walk=False``):
+        every B-tree page is checked before anything reads through LMDB's map.
+
+        Raises:
+            JournalCorrupt: a page is damaged.
+        """
+        with self._env.begin():  # a reader: no writer reuses the pages walked meanwhile
+            check_pages(self.path / "data.mdb")
 
     def _check_tables(self) -> None:
         """An existing journal's table names must be boundloop's: a damaged name would make
@@ -1237,12 +1391,17 @@ class LmdbJournal(keys.KeyedJournal, Journal):
     def recorded_run_ids(self) -> list[str]:
         """Every run id that records are stored under, sorted (one key read per run)."""
         self._usable()
-        found = []
+        found: list[bytes] = []
         with _guarded("the records"), self._txn() as txn:
             cur = txn.cursor(db=self._events)
             more = cur.first()
             while more:
                 rid = cur.key().split(_SEP, 1)[0]
+                if found and rid <= found[-1]:
+                    # Keys out of order: the walk would go round for ever.
+                    raise JournalCorrupt(f"the journal at {self.path} is damaged: its "
+                                         "records are out of order; restore it from a "
+                                         "backup")
                 found.append(rid)
                 more = cur.set_range(rid + b"\x01")  # past every key of that run
         return _names(found)

@@ -1,0 +1,179 @@
+"""SPEC 6: damage to LMDB's own B-tree pages (a zeroed page, two pages swapped, a node
+offset pointing out of its page) is JournalCorrupt, never a SIGBUS or an LMDB assertion
+(SIGABRT) in whatever reads the journal: the Runner, and every command (SPEC 10).
+
+Each damaged journal is read in a subprocess, so a crash is seen instead of taking the test
+run down.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import lmdb
+import pytest
+
+import boundloop as bl
+from boundloop.journal.lmdb import _names
+
+PAGE = 4096
+CLI = [sys.executable, "-m", "boundloop"]
+READ_ALL = """
+import sys, boundloop as bl
+try:
+    with bl.Runner(sys.argv[1]) as runner:
+        for run_id in list(runner.journal.runs()):
+            bl.replay(list(runner.journal.events(run_id)))
+        runner.recover()
+except bl.JournalCorrupt as exc:
+    print("JournalCorrupt", str(exc).splitlines()[0])
+    sys.exit(4)
+print("read")
+"""
+
+
+@bl.tool(read_only=True, idempotent=True)
+def echo(x: int) -> int:
+    """Echo."""
+    return x
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("clean") / "j"
+    with bl.Runner(path, sync=False) as runner:
+        for i in range(40):
+            model = bl.ScriptedModel([bl.CallTools([bl.ToolCall(f"c{s}", "echo", {"x": s})])
+                                      for s in range(3)] + [bl.Final("done")])
+            assert runner.run(model=model, tools=[echo], prompt=f"p{i}",
+                              run_id=f"run-{i:03d}").status == "final"
+    return path
+
+
+def events_tree(path: Path) -> tuple[int, list[int]]:
+    """The events table's root page (a branch) and the leaf pages it points to, in key
+    order (only live pages: data.mdb also holds old copies of pages, now free)."""
+    env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    try:
+        with env.begin() as txn:
+            record = txn.get(b"events")
+    finally:
+        env.close()
+    assert record is not None
+    depth, root = int.from_bytes(record[6:8], "little"), int.from_bytes(record[40:48], "little")
+    assert depth == 2, depth
+    page = (path / "data.mdb").read_bytes()[root * PAGE:(root + 1) * PAGE]
+    lower = int.from_bytes(page[12:14], "little")
+    leaves = []
+    for n in range((lower - 16) // 2):
+        at = int.from_bytes(page[16 + 2 * n:18 + 2 * n], "little")
+        leaves.append(int.from_bytes(page[at:at + 4], "little")
+                      | int.from_bytes(page[at + 4:at + 6], "little") << 32)
+    return root, leaves
+
+
+def event_leaves(path: Path) -> list[int]:
+    return events_tree(path)[1]
+
+
+def damaged(clean: Path, tmp_path: Path, damage: Callable[[bytearray], None]) -> Path:
+    path = tmp_path / "j"
+    shutil.copytree(clean, path)
+    data = bytearray((path / "data.mdb").read_bytes())
+    damage(data)
+    (path / "data.mdb").write_bytes(bytes(data))
+    return path
+
+
+def zero(pgno: int) -> Callable[[bytearray], None]:
+    def do(data: bytearray) -> None:
+        data[pgno * PAGE:(pgno + 1) * PAGE] = bytes(PAGE)
+    return do
+
+
+def swap(a: int, b: int) -> Callable[[bytearray], None]:
+    def do(data: bytearray) -> None:
+        pa, pb = data[a * PAGE:(a + 1) * PAGE], data[b * PAGE:(b + 1) * PAGE]
+        data[a * PAGE:(a + 1) * PAGE], data[b * PAGE:(b + 1) * PAGE] = pb, pa
+    return do
+
+
+def node_out_of_page(pgno: int) -> Callable[[bytearray], None]:
+    def do(data: bytearray) -> None:
+        data[pgno * PAGE + 16:pgno * PAGE + 18] = (0xFFF0).to_bytes(2, "little")
+    return do
+
+
+def assert_reported(path: Path) -> None:
+    """Every reader of the damaged journal reports it: no signal, no traceback."""
+    got = subprocess.run([sys.executable, "-c", READ_ALL, str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert got.returncode == 4, (got.returncode, got.stdout, got.stderr)
+    assert got.stdout.startswith("JournalCorrupt") and "damaged B-tree page" in got.stdout
+    for command in (["runs"], ["runs", "--json"], ["stats"], ["show", "run-003"],
+                    ["recover"]):
+        out = subprocess.run([*CLI, "--journal", str(path), *command], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 4, (command, out.returncode, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+        assert "damaged B-tree page" in out.stderr
+    verify = subprocess.run([*CLI, "--journal", str(path), "verify"], capture_output=True,
+                            text=True, timeout=60)
+    assert verify.returncode == 1, (verify.returncode, verify.stderr)
+
+
+def test_a_clean_journal_reads_whole(clean: Path, tmp_path: Path) -> None:
+    path = damaged(clean, tmp_path, lambda data: None)
+    got = subprocess.run([sys.executable, "-c", READ_ALL, str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert (got.returncode, got.stdout.strip()) == (0, "read"), got.stderr
+    assert len(event_leaves(path)) >= 3
+    assert got.stdout.strip() == "read"
+
+
+def test_a_zeroed_leaf_page_is_reported_not_an_lmdb_assertion(
+        clean: Path, tmp_path: Path) -> None:
+    assert_reported(damaged(clean, tmp_path, zero(event_leaves(clean)[1])))
+
+
+def test_a_zeroed_branch_page_is_reported(clean: Path, tmp_path: Path) -> None:
+    assert_reported(damaged(clean, tmp_path, zero(events_tree(clean)[0])))
+
+
+def test_two_swapped_pages_are_reported(clean: Path, tmp_path: Path) -> None:
+    leaves = event_leaves(clean)
+    assert_reported(damaged(clean, tmp_path, swap(leaves[0], leaves[-1])))
+
+
+def test_a_node_pointing_out_of_the_last_page_is_reported_not_a_sigbus(
+        clean: Path, tmp_path: Path) -> None:
+    assert_reported(damaged(clean, tmp_path, node_out_of_page(event_leaves(clean)[-1])))
+
+
+def test_stats_exits_non_zero_when_it_leaves_a_damaged_run_out(
+        clean: Path, tmp_path: Path) -> None:
+    leaf = event_leaves(clean)[0]
+
+    def flip_an_event(data: bytearray) -> None:
+        at = data.index(b"call.succeeded", leaf * PAGE, (leaf + 1) * PAGE)
+        data[at + 2] ^= 0x01
+
+    path = damaged(clean, tmp_path, flip_an_event)
+    out = subprocess.run([*CLI, "--journal", str(path), "stats"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 4, out
+    assert "left out 1 damaged run" in out.stdout
+    as_json = subprocess.run([*CLI, "--journal", str(path), "stats", "--json"],
+                             capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 4
+    assert json.loads(as_json.stdout)["damaged"] == ["run-000"]
+
+
+def test_a_damaged_run_id_is_never_printed_with_control_codes() -> None:
+    assert _names([b"run-1", b"bad\x1b[31m\nid", b"\xff"]) == \
+        ["run-1", "bad\\x1b[31m\\x0aid", "\\xff"]
