@@ -26,6 +26,7 @@ from boundloop.clock import Clock
 from boundloop.context import ModelContext
 from boundloop.errors import JournalError, LeaseLost, SequenceConflict
 from boundloop.messages import (
+    AssistantMessage,
     CallMessage,
     CallTools,
     Message,
@@ -368,7 +369,10 @@ class Driver:
             case ev.ModelStepCompleted(response=CallTools() as resp):
                 calls = [replace(c, arguments=self._redact(c.name, c.arguments)[0])
                          for c in resp.calls]
-                event = replace(event, response=replace(resp, calls=calls))
+                # Provider blocks (a server tool's input, say) hold credential keys too.
+                content = resp.content if resp.content is None else \
+                    self.scrubber.redact(resp.content)[0]
+                event = replace(event, response=replace(resp, calls=calls, content=content))
             case ev.RunAdmitted():
                 event = replace(event, history=[self._redact_message(m)
                                                 for m in event.history])
@@ -390,7 +394,7 @@ class Driver:
     def _redact_message(self, m: Message) -> Message:
         if isinstance(m, CallMessage):
             return msgspec.structs.replace(m, arguments=self._redact(m.name, m.arguments)[0])
-        if isinstance(m, ToolResultMessage):
+        if isinstance(m, ToolResultMessage | AssistantMessage) and m.content is not None:
             return msgspec.structs.replace(m, content=self.scrubber.redact(m.content)[0])
         return m
 

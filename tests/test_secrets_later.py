@@ -167,3 +167,34 @@ def test_a_quoted_credential_value_is_redacted_past_an_escaped_quote() -> None:
     assert "SECRET" not in out and '"user": "bob"' in out
     assert out.startswith('{"password": "hmac-sha256:')
     assert "after-quote" not in scrubber.text("password='it\\'s after-quote' ok")
+
+
+def test_credential_keys_in_provider_content_are_redacted(tmp_path: Path) -> None:
+    @bl.tool(read_only=True)
+    def note(text: str) -> str:
+        """Take a note."""
+        return "ok"
+
+    block = {"type": "mcp_tool_use", "id": "m1", "name": "fetch", "input": {"api_key": TOKEN}}
+    thinking = {"type": "thinking", "thinking": "let me see", "signature": "c2lnbmVk"}
+    model = bl.ScriptedModel([
+        bl.CallTools([bl.ToolCall("c1", "note", {"text": "a"})], content=[block, thinking]),
+        bl.Final("done")])
+    history = [{"kind": "user", "text": "hi"},
+               {"kind": "assistant", "step": 1, "text": "ok",
+                "content": [{"type": "x", "input": {"password": PHRASE}}]},
+               {"kind": "user", "text": "go on"}]
+    with bl.Runner(tmp_path / "j", redaction_key=KEY) as runner:
+        result = runner.run(model=model, tools=[note], history=history)
+        assert result.status == "final", result
+        text = journal_text(runner)
+        assert TOKEN not in text and PHRASE not in text
+        events = list(runner.journal.events(result.run_id))
+        completed = next(e for e in events if isinstance(e, bl.events.ModelStepCompleted))
+        assert isinstance(completed.response, bl.CallTools)
+        kept_block, kept_thinking = completed.response.content
+        assert kept_block["input"]["api_key"].startswith("hmac-sha256:")
+        assert kept_block["name"] == "fetch" and kept_thinking == thinking  # sent back as is
+        admitted = events[0]
+        assert isinstance(admitted, bl.events.RunAdmitted)
+        assert admitted.history[1].content[0]["input"]["password"].startswith("hmac-sha256:")
