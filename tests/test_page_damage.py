@@ -177,3 +177,43 @@ def test_stats_exits_non_zero_when_it_leaves_a_damaged_run_out(
 def test_a_damaged_run_id_is_never_printed_with_control_codes() -> None:
     assert _names([b"run-1", b"bad\x1b[31m\nid", b"\xff"]) == \
         ["run-1", "bad\\x1b[31m\\x0aid", "\\xff"]
+
+
+def test_a_commit_while_a_journal_opens_is_not_damage(tmp_path: Path) -> None:
+    """Another process commits between the open's first look at the file and its snapshot:
+    the tables' roots are checked against what that snapshot says, not what was before."""
+    from boundloop.journal.lmdb import LmdbJournal
+
+    path = tmp_path / "j"
+    with bl.Runner(path):
+        pass
+    writer = ("import sys, boundloop as bl\n"
+              "with bl.Runner(sys.argv[1], sync=False) as r:\n"
+              "    for i in range(60):\n"
+              "        r.run(model=bl.ScriptedModel([bl.Final('x' * 3000)]), tools=[],\n"
+              "              prompt='p' * 3000)\n")
+    journal = LmdbJournal(path, readonly=True)
+    env = journal._env
+    before = env.info()["last_pgno"]
+
+    class CommitFirst:
+        """The environment, with another process's commits landing right before each
+        snapshot is taken."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(env, name)
+
+        def begin(self, *args: object, **kwargs: object) -> object:
+            subprocess.run([sys.executable, "-c", writer, str(path)], check=True, timeout=60)
+            return env.begin(*args, **kwargs)
+
+    journal._env = CommitFirst()  # type: ignore[assignment]
+    try:
+        journal._check_roots()
+        journal.walk_pages()
+        assert env.info()["last_pgno"] > before + 20  # the tables did grow meanwhile
+    finally:
+        journal._env = env
+        journal.close()
+    with LmdbJournal(path, readonly=True) as again:
+        assert len(list(again.runs())) == 60 * 2

@@ -752,10 +752,12 @@ class LmdbJournal(keys.KeyedJournal, Journal):
     def _check_roots(self) -> None:
         """Each table's B-tree root must lie inside the file LMDB says it has: a damaged
         table record would otherwise send LMDB to read outside the file."""
-        last = self._env.info()["last_pgno"]
         data = self.path / "data.mdb"
         with self._env.begin() as txn:
-            pages = data.stat().st_size // self._env.stat()["psize"]  # after: it only grows
+            # Both read after the snapshot is taken (they only grow): read before it, a
+            # commit in between would make the snapshot's roots look past the end.
+            last = self._env.info()["last_pgno"]
+            pages = data.stat().st_size // self._env.stat()["psize"]
             for name in _TABLES:
                 raw = txn.get(name)
                 if raw is None:
