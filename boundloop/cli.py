@@ -483,7 +483,7 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
          since: float | None, older_than: float | None, last: int | None, every: bool,
          tree: bool) -> None:
     """List runs, newest first: the newest 50 unless -n N or --all."""
-    from boundloop.inspect import LIMITS, STATUSES, find_runs, open_journal
+    from boundloop.inspect import DAMAGED, LIMITS, STATUSES, find_runs, open_journal
 
     for s in statuses:
         if s == "rejected":
@@ -509,7 +509,19 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
         if more and last is None:  # the default limit cut the list short: say so
             click.echo(f"boundloop: listed the newest {_plural(limit or 0, 'run')}; {more}",
                        err=True)
-        return
+    else:
+        _runs_text(found, statuses, limits, since, older_than, now, limit, more, tree)
+    damaged = [r.run_id for r in found.runs if r.status == DAMAGED]
+    if damaged:
+        # Listed with the others; the exit says the journal is damaged.
+        click.echo(f"boundloop: {_plural(len(damaged), 'damaged run')} listed "
+                   f"({', '.join(damaged)}); `boundloop verify` tells more", err=True)
+        click.get_current_context().exit(EXIT_JOURNAL)
+
+
+def _runs_text(found: Any, statuses: Sequence[str], limits: Sequence[str],
+               since: float | None, older_than: float | None, now: float,
+               limit: int | None, more: str, tree: bool) -> None:
     out = _Out()
     if not found.runs:
         out.line(_no_runs(found, statuses, limits, since, older_than, now))

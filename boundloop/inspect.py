@@ -258,8 +258,21 @@ def recoverable(journal: Journal) -> list[RecoveredRun]:
     return out
 
 
+#: The state word of a run whose records cannot be read (``runs`` lists it, and exits 4).
+DAMAGED = "damaged"
+
+
 def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) -> RunSummary:
-    state = replay(e for _, e in journal.read(info.run_id))
+    try:
+        state = replay(e for _, e in journal.read(info.run_id))
+    except JournalCorrupt as exc:
+        # Listed as damaged, the others as they are: one bad run hides no good one.
+        return RunSummary(run_id=info.run_id, status=DAMAGED, exhausted_limit=None,
+                          model_steps=0, tool_calls=0, usage=Usage(),
+                          explanation=f"{exc} (`boundloop verify` tells more)",
+                          created_ts=info.created_ts, finished_ts=info.finished_ts,
+                          elapsed_s=0.0, parent_run_id=info.parent_run_id, owner=info.owner,
+                          unresolved=0)
     status = state_word(state.finished, state.status, state.owner, owners)
     explanation = state.explanation if state.finished else OPEN_EXPLANATIONS[status]
     return RunSummary(run_id=info.run_id, status=status, exhausted_limit=state.exhausted_limit,

@@ -155,15 +155,40 @@ def test_a_node_pointing_out_of_the_last_page_is_reported_not_a_sigbus(
     assert_reported(damaged(clean, tmp_path, node_out_of_page(event_leaves(clean)[-1])))
 
 
-def test_stats_exits_non_zero_when_it_leaves_a_damaged_run_out(
-        clean: Path, tmp_path: Path) -> None:
+def flip_an_event(clean: Path) -> Callable[[bytearray], None]:
+    """A flipped byte in a record of run-000 (in a live leaf of the events table)."""
     leaf = event_leaves(clean)[0]
 
-    def flip_an_event(data: bytearray) -> None:
+    def do(data: bytearray) -> None:
         at = data.index(b"call.succeeded", leaf * PAGE, (leaf + 1) * PAGE)
         data[at + 2] ^= 0x01
+    return do
 
-    path = damaged(clean, tmp_path, flip_an_event)
+
+def test_runs_lists_a_damaged_run_with_the_others_and_exits_non_zero(
+        clean: Path, tmp_path: Path) -> None:
+    path = damaged(clean, tmp_path, flip_an_event(clean))
+    out = subprocess.run([*CLI, "--journal", str(path), "runs", "--all"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 4, out
+    assert out.stderr.strip().splitlines() == [
+        "boundloop: 1 damaged run listed (run-000); `boundloop verify` tells more"]
+    rows = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()[2:]
+            if line.startswith("run-")}
+    assert len(rows) == 40 and rows.pop("run-000") == "damaged"
+    assert set(rows.values()) == {"final"}
+    as_json = subprocess.run([*CLI, "--journal", str(path), "runs", "--all", "--json"],
+                             capture_output=True, text=True, timeout=60)
+    assert as_json.returncode == 4
+    listed = {r["run_id"]: r for r in json.loads(as_json.stdout)}
+    assert len(listed) == 40 and listed["run-000"]["status"] == "damaged"
+    assert "run-000" in listed["run-000"]["explanation"]
+    assert listed["run-001"]["status"] == "final" and listed["run-001"]["tool_calls"] == 3
+
+
+def test_stats_exits_non_zero_when_it_leaves_a_damaged_run_out(
+        clean: Path, tmp_path: Path) -> None:
+    path = damaged(clean, tmp_path, flip_an_event(clean))
     out = subprocess.run([*CLI, "--journal", str(path), "stats"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 4, out
