@@ -252,11 +252,11 @@ def test_the_explanation_counts_unresolved_actions(tmp_path: Path) -> None:
         clean = runner.run(model=bl.ScriptedModel([bl.Final("x")]), tools=[], prompt="p")
         replayed = bl.replay(list(runner.journal.events(timed_out.run_id)))
     assert timed_out.status == "final" and len(timed_out.unresolved) == 2
-    assert timed_out.explanation == ("The model gave a final answer. 2 actions are left "
+    assert timed_out.explanation == ("The model gave a final answer. The run leaves 2 actions "
                                      "unresolved.")
     assert replayed.explanation == timed_out.explanation
     assert walled.exhausted_limit == "deadline" and len(walled.unresolved) == 1
-    assert walled.explanation.endswith("1 action is left unresolved.")
+    assert walled.explanation.endswith("The run leaves 1 action unresolved.")
     assert clean.explanation == "The model gave a final answer."
 
 

@@ -258,8 +258,8 @@ def unresolved_sentence(count: int) -> str:
     """SPEC 1: the explanation says how many actions are left unresolved, when any are."""
     if count <= 0:
         return ""
-    return ("1 action is left unresolved." if count == 1
-            else f"{count} actions are left unresolved.")
+    # A sentence never starts with a numeral.
+    return f"The run leaves {count} action{'' if count == 1 else 's'} unresolved."
 
 
 def explain(stop: Stop, budget: Budget, unresolved: int = 0) -> str:
