@@ -198,3 +198,16 @@ def test_credential_keys_in_provider_content_are_redacted(tmp_path: Path) -> Non
         admitted = events[0]
         assert isinstance(admitted, bl.events.RunAdmitted)
         assert admitted.history[1].content[0]["input"]["password"].startswith("hmac-sha256:")
+
+
+def test_a_resumed_scrubber_learns_a_secret_back_from_its_digest_in_any_word_form() -> None:
+    from boundloop.policy.redact import Scrubber, digest
+
+    pin, token = 98765432, "tok-1234567890abcdef"
+    scrubber = Scrubber(KEY, digests={digest(KEY, pin), digest(KEY, token)})
+    out = scrubber.text(f"retry with pin {pin}, then token={token}.")
+    assert out == f"retry with pin {digest(KEY, pin)}, then token={digest(KEY, token)}."
+    assert scrubber.remembered == 2
+    # Learned once, replaced everywhere after; other words are left as they were.
+    assert scrubber.text(f"({token})") == f"({digest(KEY, token)})"
+    assert scrubber.text("order 12345678 shipped") == "order 12345678 shipped"

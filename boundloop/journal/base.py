@@ -145,6 +145,20 @@ def is_claim(events: Sequence[Event], other_than: str | None = None) -> bool:
         and not any(isinstance(e, CallResolved) and e.forced for e in events)
 
 
+def drain(requests: queue.SimpleQueue[T | None], into: list[T], limit: int) -> bool:
+    """Move what is queued in ``requests`` to ``into``, without waiting, until ``into``
+    holds ``limit``; True when it took a None (the queue's end)."""
+    while len(into) < limit:
+        try:
+            nxt = requests.get_nowait()
+        except queue.Empty:
+            return False
+        if nxt is None:
+            return True
+        into.append(nxt)
+    return False
+
+
 def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[T]]:
     """Group commit's batching, for a backend's writer thread: each batch is the request it
     waited for plus every one queued meanwhile (at most ``limit``); ends at a None."""
@@ -153,16 +167,7 @@ def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[
         if first is None:
             return
         batch = [first]
-        stop = False
-        while len(batch) < limit:
-            try:
-                nxt = requests.get_nowait()
-            except queue.Empty:
-                break
-            if nxt is None:
-                stop = True
-                break
-            batch.append(nxt)
+        stop = drain(requests, batch, limit)
         yield batch
         if stop:
             return

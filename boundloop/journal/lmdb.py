@@ -65,6 +65,7 @@ from boundloop.journal.base import (
     answer,
     batches,
     check_run_id,
+    drain,
     unforced_claim,
     valid_run_id,
 )
@@ -1180,17 +1181,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
     def _take_waiting(self, batch: list[_Request]) -> None:
         """Add to ``batch`` (the writer's, waiting for the lock) what was queued since, in
         order: handed over by leaders first, then submitted directly."""
-        closing = False
-        for source in (self._queue, self._direct):
-            while len(batch) < MAX_BATCH:
-                try:
-                    request = source.get_nowait()
-                except queue.Empty:
-                    break
-                if request is None:
-                    closing = source is self._queue
-                    break
-                batch.append(request)
+        closing = drain(self._queue, batch, MAX_BATCH)  # only close() queues a None
+        drain(self._direct, batch, MAX_BATCH)
         if closing:
             self._queue.put(None)  # close() waits for it: the write loop ends after this
 

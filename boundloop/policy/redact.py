@@ -568,7 +568,9 @@ class Scrubber:
         tried: set[str] = set()
         for m in _WORDS.finditer(text):
             word = m.group()
-            for candidate in (word, word.strip(_PUNCTUATION), *_PARTS.split(word)):
+            parts = _PARTS.split(word)
+            for candidate in (word, word.strip(_PUNCTUATION), *parts,
+                              *(part.strip(_PUNCTUATION) for part in parts)):
                 if len(candidate) < MIN_REMEMBERED or candidate in tried:
                     continue
                 tried.add(candidate)
