@@ -332,7 +332,9 @@ class Driver:
 
     def now(self) -> decide.Now:
         """The decider's clock and id inputs, read once per decision."""
-        return decide.Now(self.spec.run_id, self.clock.time(), self.elapsed())
+        clock = self.clock  # elapsed(), inline: read for every decision
+        return decide.Now(self.spec.run_id, clock.time(),
+                          self.elapsed_before + (clock.monotonic() - self.started))
 
     def take(self, events: list[ev.Event]) -> list[ev.Event]:
         """Record what the decider decided: each event in its journal form (redacted) is

@@ -208,32 +208,36 @@ def smaller(a: Any, b: Any) -> Any:
     return min(a, b)
 
 
-def _left(limit: float | None, used: float) -> Any:
-    return None if limit is None else max(limit - used, 0)
-
-
 def remaining(budget: Budget, model_steps: int, tool_calls: int, usage: Usage,
               elapsed_s: float) -> Remaining:
     """What is left of ``budget`` after the given counters, usage and elapsed time."""
+    b = budget  # _left inline, and each figure read only when its limit is set: per step
     return Remaining(
-        model_steps=max(budget.max_model_steps - model_steps, 0),
-        tool_calls=max(budget.max_tool_calls - tool_calls, 0),
-        deadline_s=_left(budget.deadline_s, elapsed_s),
-        input_tokens=_left(budget.max_input_tokens, usage.all_input_tokens),
-        output_tokens=_left(budget.max_output_tokens, usage.output_tokens),
-        total_tokens=_left(budget.max_total_tokens, usage.total_tokens),
-        cost=_left(budget.max_cost, usage.cost or 0.0),
+        model_steps=max(b.max_model_steps - model_steps, 0),
+        tool_calls=max(b.max_tool_calls - tool_calls, 0),
+        deadline_s=None if b.deadline_s is None else max(b.deadline_s - elapsed_s, 0),
+        input_tokens=None if b.max_input_tokens is None else
+        max(b.max_input_tokens - usage.all_input_tokens, 0),
+        output_tokens=None if b.max_output_tokens is None else
+        max(b.max_output_tokens - usage.output_tokens, 0),
+        total_tokens=None if b.max_total_tokens is None else
+        max(b.max_total_tokens - usage.total_tokens, 0),
+        cost=None if b.max_cost is None else max(b.max_cost - (usage.cost or 0.0), 0),
     )
 
 
 def exceeded(budget: Budget, usage: Usage) -> str | None:
     """The first token or cost limit that ``usage`` is above, else None."""
-    values = {"input_tokens": usage.all_input_tokens, "output_tokens": usage.output_tokens,
-              "total_tokens": usage.total_tokens, "cost": usage.cost or 0.0}
-    for name in TOKEN_LIMITS:
-        limit = budget.limit(name)
-        if limit is not None and values[name] > limit:
-            return name
+    # In TOKEN_LIMITS' order, reading each figure only when its limit is set (this runs
+    # for every step and every charge; most budgets set none of these).
+    if budget.max_input_tokens is not None and usage.all_input_tokens > budget.max_input_tokens:
+        return "input_tokens"
+    if budget.max_output_tokens is not None and usage.output_tokens > budget.max_output_tokens:
+        return "output_tokens"
+    if budget.max_total_tokens is not None and usage.total_tokens > budget.max_total_tokens:
+        return "total_tokens"
+    if budget.max_cost is not None and (usage.cost or 0.0) > budget.max_cost:
+        return "cost"
     return None
 
 

@@ -718,30 +718,32 @@ class Scrubber:
                     items[i] = got
             return (value, False) if items is None else (items, True)
         if isinstance(value, msgspec.Struct):
-            return self._struct(value, _no_fields, level)
+            return self.struct(value, _no_fields, level)
         return value, False
 
-    def struct(self, obj: Any, keep: Callable[[type], Collection[str]]) -> tuple[Any, bool]:
+    def struct(self, obj: Any, keep: Callable[[type], Collection[str]],
+               level: int = 1) -> tuple[Any, bool]:
         """A msgspec Struct (an event, a message) with every text in its fields scrubbed,
         except the fields ``keep(type)`` names (ids, names, categories the fold matches on),
-        at any depth; and whether anything changed."""
-        return self._struct(obj, keep, 1)
-
-    def _struct(self, obj: Any, keep: Callable[[type], Collection[str]],
-                level: int) -> tuple[Any, bool]:
+        at any depth; and whether anything changed. (``level``: how deep this struct is.)"""
         if level > MAX_DEPTH:
             return obj, False
+        names = _WALKED.get((type(obj), keep))  # _text_fields' cache, read here first
+        if names is None:
+            names = _text_fields(type(obj), keep)
+        if not names:
+            return obj, False
         changes: dict[str, Any] = {}
-        for name in _text_fields(type(obj), keep):
+        for name in names:
             v = getattr(obj, name)
             if v is None or type(v) in (int, float, bool):
                 continue
             if isinstance(v, msgspec.Struct):
-                got, changed = self._struct(v, keep, level + 1)
+                got, changed = self.struct(v, keep, level + 1)
             elif isinstance(v, list) and v and isinstance(v[0], msgspec.Struct):
                 got, changed = v, False
                 for i, item in enumerate(v):
-                    new_item, item_changed = self._struct(item, keep, level + 1) \
+                    new_item, item_changed = self.struct(item, keep, level + 1) \
                         if isinstance(item, msgspec.Struct) else self._value(item, level + 1)
                     if item_changed:
                         if not changed:

@@ -1,0 +1,97 @@
+"""The pools' own Future and the async test, as the loop relies on them (see workers.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+from unittest import mock
+
+import pytest
+
+from boundloop.actors.workers import Pool, PoolFuture, is_async, outcome
+
+
+@pytest.fixture
+def pool() -> Any:
+    p = Pool(2, "test-pool")
+    yield p
+    p.shutdown()
+
+
+def test_a_pool_call_returns_through_its_future(pool: Pool) -> None:
+    seen: list[tuple[Any, BaseException | None]] = []
+    f = pool.submit(lambda a, b: a + b, 2, b=3)
+    f.add_done_callback(lambda done: seen.append(outcome(done)))
+    assert f.result(timeout=5) == 5
+    assert f.done() and not f.cancelled() and not f.running() and f.exception() is None
+    deadline = time.monotonic() + 5
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert seen == [(5, None)]
+    # A callback added after the end runs at once, on the caller's thread.
+    late: list[int] = []
+    f.add_done_callback(lambda done: late.append(threading.get_ident()))
+    assert late == [threading.get_ident()]
+
+
+def test_a_pool_call_that_raises_gives_its_exception_and_a_bad_callback_stops_nothing(
+        pool: Pool) -> None:
+    def boom() -> None:
+        raise KeyError("x")
+
+    gate = threading.Event()
+    f = pool.submit(lambda: (gate.wait(5), boom()))
+    after: list[str] = []
+    f.add_done_callback(lambda done: 1 / 0)  # type: ignore[arg-type,return-value]
+    f.add_done_callback(lambda done: after.append("ran"))
+    with pytest.raises(TimeoutError):
+        f.result(timeout=0.01)  # not done yet: waiting is bounded
+    gate.set()
+    assert isinstance(f.exception(timeout=5), KeyError)
+    with pytest.raises(KeyError):
+        f.result()
+    assert after == ["ran"]
+    value, exc = outcome(f)
+    assert value is None and isinstance(exc, KeyError)
+    assert not f.cancel()  # a pool call is never cancelled
+    # The pool goes on serving.
+    assert pool.submit(lambda: "next").result(timeout=5) == "next"
+
+
+def test_outcome_of_a_pending_pool_future_waits_for_it() -> None:
+    f = PoolFuture()
+    threading.Timer(0.05, lambda: f.set_result("late")).start()
+    assert outcome(f) == ("late", None)
+
+
+def test_is_async_finds_async_methods_and_objects_as_inspect_does() -> None:
+    class Model:
+        async def __call__(self, history: Any, ctx: Any) -> Any:
+            return None
+
+        async def step(self) -> None:
+            return None
+
+        def sync_step(self) -> None:
+            return None
+
+    m = Model()
+    assert is_async(m) and is_async(m.step) and not is_async(m.sync_step)
+
+    class Sync:
+        def __call__(self) -> None:
+            return None
+
+    s = Sync()
+    assert not is_async(s)
+
+    async def coroutine_fn() -> None:
+        return None
+
+    # An __call__ set on the instance itself is not what Python calls, but inspect looks at
+    # it: the answer stays inspect's.
+    s.__dict__["__call__"] = coroutine_fn
+    assert is_async(s) == asyncio.iscoroutinefunction(s.__call__)
+    assert is_async(mock.AsyncMock()) and not is_async(mock.MagicMock())
