@@ -947,6 +947,7 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
     """
     if claim and dry_run:
         raise click.UsageError("--claim and --dry-run contradict each other")
+    damaged: list[str] = []
     if claim:
         runner, j = _runner(journal)
         try:
@@ -958,7 +959,17 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
         from boundloop.inspect import open_journal, recoverable
 
         with open_journal(journal_dir(journal), readonly=True) as j:
-            found = recoverable(j)
+            found = recoverable(j, damaged)
+    _recover_report(found, claim, as_json, bool(damaged))
+    if damaged:
+        # The others are reported all the same, as `runs` does; the exit says the journal is
+        # damaged.
+        click.echo(f"boundloop: {_plural(len(damaged), 'damaged open run')} left out "
+                   f"({', '.join(damaged)}); `boundloop verify` tells more", err=True)
+        click.get_current_context().exit(EXIT_JOURNAL)
+
+
+def _recover_report(found: list[Any], claim: bool, as_json: bool, left_out: bool) -> None:
     if as_json:
         _echo_json([{"run_id": r.run_id, "model_steps": r.state.model_steps,
                      "tool_calls": r.state.tool_calls,
@@ -966,7 +977,8 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
         return
     out = _Out()
     if not found:
-        out.line("no runs to recover: every open run has a live runner")
+        out.line("no other runs to recover" if left_out else
+                 "no runs to recover: every open run has a live runner")
         return
     rows: list[tuple[Any, ...]] = []
     for r in found:

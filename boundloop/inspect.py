@@ -41,7 +41,7 @@ from boundloop.policy.budget import (
     exceeded,
 )
 from boundloop.policy.redact import PREFIX, digest, is_credential
-from boundloop.policy.replay import RunState, apply, replay
+from boundloop.policy.replay import ReplayError, RunState, apply, replay
 from boundloop.results import CompletedAction, RecoveredRun, UnresolvedAction
 from boundloop.tools import ArgumentError, Tool
 
@@ -246,13 +246,24 @@ def owner_alive(owner: str, owners: dict[str, OwnerRecord], now: float | None = 
     return owners_mod.owner_alive(owners.get(owner), now)
 
 
-def recoverable(journal: Journal) -> list[RecoveredRun]:
+def recoverable(journal: Journal, damaged: list[str] | None = None) -> list[RecoveredRun]:
     """What ``runner.recover()`` would take over, read-only: every open run whose owner is
-    gone, with the actions it left unresolved. Nothing is claimed or written."""
+    gone, with the actions it left unresolved. Nothing is claimed or written.
+
+    Raises:
+        JournalCorrupt, ReplayError: an open run cannot be read, unless ``damaged`` is given:
+            then its id is appended there and the other runs are reported all the same.
+    """
     owners = journal.owners()
     out: list[RecoveredRun] = []
     for run_id in journal.open_runs():
-        state = replay(e for _, e in journal.read(run_id))
+        try:
+            state = replay(e for _, e in journal.read(run_id))
+        except (JournalCorrupt, ReplayError):
+            if damaged is None:
+                raise
+            damaged.append(run_id)
+            continue
         if not state.finished and not owner_alive(state.owner, owners):
             out.append(RecoveredRun(run_id, state, state.open_actions))
     return out
@@ -260,16 +271,20 @@ def recoverable(journal: Journal) -> list[RecoveredRun]:
 
 #: The state word of a run whose records cannot be read (``runs`` lists it, and exits 4).
 DAMAGED = "damaged"
+_DAMAGE_HINT = {False: "`boundloop verify` tells more",
+                True: "its records are intact but do not make a run: `boundloop export` "
+                      "shows them"}
 
 
 def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) -> RunSummary:
     try:
         state = replay(e for _, e in journal.read(info.run_id))
-    except JournalCorrupt as exc:
-        # Listed as damaged, the others as they are: one bad run hides no good one.
+    except (JournalCorrupt, ReplayError) as exc:
+        # Listed as damaged, the others as they are: one bad run hides no good one (records
+        # that read but do not make a run, ReplayError, are as unusable as unreadable ones).
         return RunSummary(run_id=info.run_id, status=DAMAGED, exhausted_limit=None,
                           model_steps=0, tool_calls=0, usage=Usage(),
-                          explanation=f"{exc} (`boundloop verify` tells more)",
+                          explanation=f"{exc} ({_DAMAGE_HINT[type(exc) is ReplayError]})",
                           created_ts=info.created_ts, finished_ts=info.finished_ts,
                           elapsed_s=0.0, parent_run_id=info.parent_run_id, owner=info.owner,
                           unresolved=0)

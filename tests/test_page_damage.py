@@ -242,3 +242,51 @@ def test_a_commit_while_a_journal_opens_is_not_damage(tmp_path: Path) -> None:
         journal.close()
     with LmdbJournal(path, readonly=True) as again:
         assert len(list(again.runs())) == 60 * 2
+
+
+def test_a_run_whose_records_do_not_make_a_run_is_listed_damaged_and_hides_no_other(
+        tmp_path: Path) -> None:
+    """Records intact (the chain holds) but not a run (the fold refuses them: ReplayError):
+    `runs` and `recover` report every other run and name this one, exiting 4."""
+    import threading
+
+    from boundloop import events as ev
+    from tests.journal_contract import admitted, step
+
+    path = tmp_path / "j"
+    with bl.Runner(path, sync=False) as runner:
+        assert runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p",
+                          run_id="good").status == "final"
+        answers: list[BaseException | None] = []
+        written = threading.Semaphore(0)
+
+        def done(err: BaseException | None) -> None:
+            answers.append(err)
+            written.release()
+
+        # An open run of a runner long gone, and one whose outcome names no decided call.
+        runner.journal.submit("open", 0, [admitted("open", owner="gone:1:x"),
+                                          step("open", 1)], done)
+        runner.journal.submit("bad", 0, [admitted("bad", owner="gone:2:y"), ev.CallSucceeded(
+            run_id="bad", execution_id="nope", attempt=1, content=None)], done)
+        assert written.acquire(timeout=10) and written.acquire(timeout=10)
+        assert answers == [None, None]
+    out = subprocess.run([*CLI, "--journal", str(path), "runs", "--all", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 4, out
+    listed = {r["run_id"]: r for r in json.loads(out.stdout)}
+    assert {k: r["status"] for k, r in listed.items()} == {
+        "good": "final", "open": "interrupted", "bad": "damaged"}
+    assert "unknown execution 'nope'" in listed["bad"]["explanation"]
+    assert "do not make a run" in listed["bad"]["explanation"]
+    assert out.stderr.strip().splitlines() == [
+        "boundloop: 1 damaged run listed (bad); `boundloop verify` tells more"]
+    rec = subprocess.run([*CLI, "--journal", str(path), "recover", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert rec.returncode == 4, rec
+    assert [r["run_id"] for r in json.loads(rec.stdout)] == ["open"]
+    assert "1 damaged open run left out (bad)" in rec.stderr
+    # Read-only: nothing was claimed.
+    with bl.Runner(path) as runner:
+        assert [e.owner for e in runner.journal.events("open")
+                if isinstance(e, ev.RunAdmitted | ev.OwnerClaimed)] == ["gone:1:x"]
