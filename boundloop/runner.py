@@ -307,7 +307,10 @@ class Runner:
         run's last sequence number, and only one such append can succeed.
         """
         owners = self._journal.owners()
-        out: list[RecoveredRun] = []
+        # Every candidate is read before any is claimed: a run that cannot be read raises
+        # here with nothing taken over (claimed runs the caller never hears of would be
+        # stranded).
+        loaded: list[tuple[str, RunState, int]] = []
         for run_id in self._journal.open_runs():
             with self._lock:
                 if run_id in self._tokens:
@@ -317,8 +320,10 @@ class Runner:
                                     or self._owner_gone(info.owner, owners)):
                 continue
             state, seq = self._load(run_id)
-            if state.finished:
-                continue
+            if not state.finished:
+                loaded.append((run_id, state, seq))
+        out: list[RecoveredRun] = []
+        for run_id, state, seq in loaded:
             if state.owner != self.owner:
                 if not self._owner_gone(state.owner, owners):
                     continue  # claimed by a live runner since the index was read

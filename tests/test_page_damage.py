@@ -244,16 +244,16 @@ def test_a_commit_while_a_journal_opens_is_not_damage(tmp_path: Path) -> None:
         assert len(list(again.runs())) == 60 * 2
 
 
-def test_a_run_whose_records_do_not_make_a_run_is_listed_damaged_and_hides_no_other(
-        tmp_path: Path) -> None:
-    """Records intact (the chain holds) but not a run (the fold refuses them: ReplayError):
-    `runs` and `recover` report every other run and name this one, exiting 4."""
+def unfoldable(path: Path) -> Path:
+    """A journal with a finished run `good`, an open run `open` of a runner long gone, and
+    `z-bad` (its id sorts after `open`, so a reader meets it last): records intact (the
+    chain holds) but not a run (the fold refuses an outcome that names no decided call:
+    ReplayError)."""
     import threading
 
     from boundloop import events as ev
     from tests.journal_contract import admitted, step
 
-    path = tmp_path / "j"
     with bl.Runner(path, sync=False) as runner:
         assert runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p",
                           run_id="good").status == "final"
@@ -264,29 +264,55 @@ def test_a_run_whose_records_do_not_make_a_run_is_listed_damaged_and_hides_no_ot
             answers.append(err)
             written.release()
 
-        # An open run of a runner long gone, and one whose outcome names no decided call.
         runner.journal.submit("open", 0, [admitted("open", owner="gone:1:x"),
                                           step("open", 1)], done)
-        runner.journal.submit("bad", 0, [admitted("bad", owner="gone:2:y"), ev.CallSucceeded(
-            run_id="bad", execution_id="nope", attempt=1, content=None)], done)
+        runner.journal.submit("z-bad", 0, [admitted("z-bad", owner="gone:2:y"),
+                                           ev.CallSucceeded(run_id="z-bad", execution_id="nope",
+                                                            attempt=1, content=None)], done)
         assert written.acquire(timeout=10) and written.acquire(timeout=10)
         assert answers == [None, None]
+    return path
+
+
+def owners_of(path: Path, run_id: str) -> list[str]:
+    from boundloop import events as ev
+
+    with bl.Runner(path) as runner:
+        return [e.owner for e in runner.journal.events(run_id)
+                if isinstance(e, ev.RunAdmitted | ev.OwnerClaimed)]
+
+
+def test_a_run_whose_records_do_not_make_a_run_is_listed_damaged_and_hides_no_other(
+        tmp_path: Path) -> None:
+    """`runs` and `recover` report every other run and name the unfoldable one, exiting 4."""
+    path = unfoldable(tmp_path / "j")
     out = subprocess.run([*CLI, "--journal", str(path), "runs", "--all", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 4, out
     listed = {r["run_id"]: r for r in json.loads(out.stdout)}
     assert {k: r["status"] for k, r in listed.items()} == {
-        "good": "final", "open": "interrupted", "bad": "damaged"}
-    assert "unknown execution 'nope'" in listed["bad"]["explanation"]
-    assert "do not make a run" in listed["bad"]["explanation"]
+        "good": "final", "open": "interrupted", "z-bad": "damaged"}
+    assert "unknown execution 'nope'" in listed["z-bad"]["explanation"]
+    assert "do not make a run" in listed["z-bad"]["explanation"]
     assert out.stderr.strip().splitlines() == [
-        "boundloop: 1 damaged run listed (bad); `boundloop verify` tells more"]
+        "boundloop: 1 damaged run listed (z-bad); `boundloop verify` tells more"]
     rec = subprocess.run([*CLI, "--journal", str(path), "recover", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 4, rec
     assert [r["run_id"] for r in json.loads(rec.stdout)] == ["open"]
-    assert "1 damaged open run left out (bad)" in rec.stderr
-    # Read-only: nothing was claimed.
-    with bl.Runner(path) as runner:
-        assert [e.owner for e in runner.journal.events("open")
-                if isinstance(e, ev.RunAdmitted | ev.OwnerClaimed)] == ["gone:1:x"]
+    assert "1 damaged open run left out (z-bad)" in rec.stderr
+    assert owners_of(path, "open") == ["gone:1:x"]  # read-only: nothing was claimed
+
+
+def test_recover_that_meets_an_unreadable_open_run_takes_over_nothing(tmp_path: Path) -> None:
+    """runner.recover() (and `recover --claim`) raise naming the run before claiming any: a
+    run claimed and never reported would be stranded."""
+    path = unfoldable(tmp_path / "j")
+    with bl.Runner(path) as runner, pytest.raises(bl.BoundloopError, match="'z-bad'"):
+        runner.recover()
+    assert owners_of(path, "open") == ["gone:1:x"]
+    out = subprocess.run([*CLI, "--journal", str(path), "recover", "--claim"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 4 and "run 'z-bad'" in out.stderr, out
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert owners_of(path, "open") == ["gone:1:x"]
