@@ -348,6 +348,8 @@ class Driver:
         return out
 
     def _redact(self, tool_name: str, value: Any) -> tuple[Any, bool]:
+        if value is None or value == {}:  # no arguments, no result: nothing to redact
+            return value, False
         tool = self.spec.tools.get(tool_name)
         return self.scrubber.redact(value, tool.sensitive if tool else ())
 
@@ -359,8 +361,12 @@ class Driver:
         match event:
             case ev.CallDecided():
                 args, changed = self._redact(event.tool, event.arguments)
-                validated, also = (None, False) if event.validated is None else \
-                    self._redact(event.tool, event.validated)
+                if event.validated is None:
+                    validated, also = None, False
+                elif _same(event.validated, event.arguments):  # validation changed nothing
+                    validated, also = args, changed
+                else:
+                    validated, also = self._redact(event.tool, event.validated)
                 event = replace(event, arguments=args, redacted=changed or also,
                                 validated=validated)
             case ev.CallSucceeded() | ev.CallReconciled():
@@ -841,3 +847,15 @@ class Driver:
 def drive(spec: RunSpec) -> Generator[Effect, Any, RunResult]:
     """The run as a generator: yields effects, is sent their results, returns the result."""
     return Driver(spec).run()
+
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same value, types included (``1``, ``1.0`` and ``True`` are
+    not): their msgpack bytes are equal. A value that cannot be encoded is not the same."""
+    try:
+        return bool(_encode(a) == _encode(b))
+    except (TypeError, ValueError, OverflowError):
+        return False

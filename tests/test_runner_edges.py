@@ -336,3 +336,26 @@ def test_a_slow_model_or_tool_in_one_run_does_not_stall_the_others(
         assert time.monotonic() - started < 0.8
         assert a.result(timeout=10).status == "final"
         assert b.result(timeout=10).status == "final"
+
+
+def test_validated_arguments_keep_their_types_and_secrets_stay_digests_in_both(
+        runner: bl.Runner) -> None:
+    """The journal's ``validated`` is the validated value, not the model's arguments again
+    (the intent reuses the redacted arguments only when both are byte for byte the same)."""
+    @bl.tool
+    def scale(x: float, password: str) -> float:
+        return x
+
+    r = runner.run(model=bl.ScriptedModel(one_call("scale", x=2, password="hunter2-secret")),
+                   tools=scale, prompt="p")
+    (decided,) = [e for e in runner.journal.events(r.run_id) if isinstance(e, ev.CallDecided)]
+    assert decided.redacted
+    assert decided.arguments["x"] == 2 and type(decided.arguments["x"]) is int
+    assert decided.validated is not None
+    assert decided.validated["x"] == 2.0 and type(decided.validated["x"]) is float
+    for form in (decided.arguments, decided.validated):
+        assert form["password"] != "hunter2-secret" and "hunter2" not in str(form)
+    r2 = runner.run(model=bl.ScriptedModel(one_call("scale", x=2.5, password="hunter3-secret")),
+                    tools=scale, prompt="p")
+    (same,) = [e for e in runner.journal.events(r2.run_id) if isinstance(e, ev.CallDecided)]
+    assert same.validated == same.arguments and "hunter3" not in str(same.validated)
