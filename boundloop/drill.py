@@ -1079,7 +1079,9 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
         report.server_down_s = round(sum(b - a for a, b in server.down), 3)
     report.worker_lives = len(lives)
     # The person: take over what is left (leases must run out first), resolve what needs
-    # review from the ledger, then resume, until done.
+    # review from the ledger, then resume, until done. Both, again and again: a resume can
+    # end needs_review once more, and the person's own runner can fence itself (a lease
+    # renewal late on a loaded machine) and leave a run open, to be recovered like any other.
     tools = drill_tools(base / "ledger", "person")
     with Runner(where, lease_s=lease_s) as runner:
         give_up = time.monotonic() + 10 + 4 * lease_s
@@ -1089,21 +1091,19 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                     "run_id": r.run_id, "by": "person", "unresolved": [
                         [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}))
                 runner.resume(r.run_id, drill_model(seed), tools)
-            if next(iter(runner.journal.open_runs()), None) is None \
-                    or time.monotonic() > give_up:
-                break
-            time.sleep(lease_s / 4)
-        for _ in range(4):
             keys = {k for k, _ in ledger(base / "ledger")}
             waiting = [i for i in run_ids if runner.state(i).status == "needs_review"]
-            if not waiting:
-                break
             for run_id in waiting:
                 for action in runner.state(run_id).open_actions:
                     outcome = "succeeded" if action.idempotency_key in keys else "failed"
                     runner.resolve(run_id, action.execution_id, outcome, note="ledger checked",
                                    by="drill")
                 runner.resume(run_id, drill_model(seed), tools)
+            settled = not waiting and next(iter(runner.journal.open_runs()), None) is None
+            if settled or time.monotonic() > give_up:
+                break
+            if not waiting:
+                time.sleep(lease_s / 4)
         _check(runner, base, run_ids, report, lives, [] if server is None else server.down)
     report.elapsed_s = round(time.monotonic() - started, 2)
     return report

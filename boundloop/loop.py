@@ -348,7 +348,7 @@ class Driver:
         return out
 
     def _redact(self, tool_name: str, value: Any) -> tuple[Any, bool]:
-        if value is None or value == {}:  # no arguments, no result: nothing to redact
+        if value is None or (type(value) is dict and not value):  # nothing to redact
             return value, False
         tool = self.spec.tools.get(tool_name)
         return self.scrubber.redact(value, tool.sensitive if tool else ())
