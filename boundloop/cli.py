@@ -32,6 +32,9 @@ EXIT_USAGE = 2
 EXIT_UNKNOWN_RUN = 3
 #: The journal is missing, locked, unreadable or damaged.
 EXIT_JOURNAL = 4
+#: What to run about runs listed as damaged: the records themselves, or how they follow.
+_DAMAGE_HINT = ("`boundloop verify` checks their records, `boundloop replay RUN_ID` how "
+                "they follow")
 #: A bug in boundloop (the message says how to see the traceback).
 EXIT_INTERNAL = 70
 
@@ -515,7 +518,7 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
     if damaged:
         # Listed with the others; the exit says the journal is damaged.
         click.echo(f"boundloop: {_plural(len(damaged), 'damaged run')} listed "
-                   f"({', '.join(damaged)}); `boundloop verify` tells more", err=True)
+                   f"({', '.join(damaged)}); {_DAMAGE_HINT}", err=True)
         click.get_current_context().exit(EXIT_JOURNAL)
 
 
@@ -965,7 +968,7 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
         # The others are reported all the same, as `runs` does; the exit says the journal is
         # damaged.
         click.echo(f"boundloop: {_plural(len(damaged), 'damaged open run')} left out "
-                   f"({', '.join(damaged)}); `boundloop verify` tells more", err=True)
+                   f"({', '.join(damaged)}); {_DAMAGE_HINT}", err=True)
         click.get_current_context().exit(EXIT_JOURNAL)
 
 

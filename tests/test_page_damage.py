@@ -172,7 +172,8 @@ def test_runs_lists_a_damaged_run_with_the_others_and_exits_non_zero(
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 4, out
     assert out.stderr.strip().splitlines() == [
-        "boundloop: 1 damaged run listed (run-000); `boundloop verify` tells more"]
+        "boundloop: 1 damaged run listed (run-000); `boundloop verify` checks their "
+        "records, `boundloop replay RUN_ID` how they follow"]
     rows = {line.split()[0]: line.split()[1] for line in out.stdout.splitlines()[2:]
             if line.startswith("run-")}
     assert len(rows) == 40 and rows.pop("run-000") == "damaged"
@@ -295,7 +296,8 @@ def test_a_run_whose_records_do_not_make_a_run_is_listed_damaged_and_hides_no_ot
     assert "unknown execution 'nope'" in listed["z-bad"]["explanation"]
     assert "do not make a run" in listed["z-bad"]["explanation"]
     assert out.stderr.strip().splitlines() == [
-        "boundloop: 1 damaged run listed (z-bad); `boundloop verify` tells more"]
+        "boundloop: 1 damaged run listed (z-bad); `boundloop verify` checks their "
+        "records, `boundloop replay RUN_ID` how they follow"]
     rec = subprocess.run([*CLI, "--journal", str(path), "recover", "--json"],
                          capture_output=True, text=True, timeout=60)
     assert rec.returncode == 4, rec

@@ -95,3 +95,55 @@ def test_is_async_finds_async_methods_and_objects_as_inspect_does() -> None:
     s.__dict__["__call__"] = coroutine_fn
     assert is_async(s) == asyncio.iscoroutinefunction(s.__call__)
     assert is_async(mock.AsyncMock()) and not is_async(mock.MagicMock())
+
+
+def test_is_async_asks_inspect_of_proxies_subclasses_and_marked_functions() -> None:
+    """Found by review: a proxy forwarding every attribute to an async callable was judged
+    from its own class's sync __call__ (so an arun run's model left the caller's loop)."""
+    import sys
+
+    import boundloop as bl
+
+    class Proxy:
+        def __init__(self, target: Any) -> None:
+            object.__setattr__(self, "_target", target)
+
+        def __getattribute__(self, name: str) -> Any:
+            return getattr(object.__getattribute__(self, "_target"), name)
+
+        def __call__(self, *args: Any) -> Any:
+            return object.__getattribute__(self, "_target")(*args)
+
+    class AsyncModel:
+        async def __call__(self, history: Any, ctx: Any) -> Any:
+            return bl.Final("x")
+
+    assert is_async(Proxy(AsyncModel()))
+    assert not is_async(bl.ScriptedModel([bl.Final("x")]))  # boundloop's own: the fast path
+
+    class AsyncScripted(bl.ScriptedModel):
+        async def __call__(self, history: Any, ctx: Any) -> Any:  # type: ignore[override]
+            return bl.Final("x")
+
+    assert is_async(AsyncScripted([]))
+    if sys.version_info >= (3, 12):
+        import inspect
+
+        def returns_a_coroutine() -> Any:
+            return asyncio.sleep(0)
+
+        assert is_async(inspect.markcoroutinefunction(returns_a_coroutine))  # type: ignore[attr-defined]
+
+
+def test_a_pool_future_has_a_repr_and_one_outcome() -> None:
+    from concurrent.futures import InvalidStateError
+
+    f = PoolFuture()
+    assert "PENDING" in repr(f)
+    f.set_result(1)
+    assert "FINISHED" in repr(f)
+    with pytest.raises(InvalidStateError):
+        f.set_result(2)
+    with pytest.raises(InvalidStateError):
+        f.set_exception(KeyError("x"))
+    assert f.result() == 1

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import heapq
 import inspect
 import itertools
 import queue
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from types import FunctionType, MethodType
 from typing import Any
 
@@ -37,22 +36,29 @@ _IDLE_S = 2.0
 STARVED_S = 1.0
 
 
+#: What ``inspect.markcoroutinefunction`` (Python 3.12+) sets on a function it marks async.
+_MARKER = "_is_coroutine_marker"
+
+
 def is_async(fn: Callable[..., Any]) -> bool:
-    """True for an ``async def`` function or a callable object whose ``__call__`` is one."""
-    if type(fn) is FunctionType:  # the common case, without inspect's unwrapping (~5 µs)
+    """True for an ``async def`` function or a callable object whose ``__call__`` is one (as
+    ``inspect.iscoroutinefunction`` says of it or of its ``__call__``)."""
+    # The common cases without inspect's unwrapping (~5 µs, twice a round): a plain
+    # function, a bound method of one, and boundloop's own models (classes that say so with
+    # ``_plain_call``, read on the exact class: a user's subclass is asked of inspect). A
+    # function marked by markcoroutinefunction, and everything else, is asked of inspect:
+    # proxies, partials, mocks and objects that set __call__ on themselves answer otherwise.
+    if type(fn) is FunctionType and _MARKER not in fn.__dict__:
         return bool(fn.__code__.co_flags & inspect.CO_COROUTINE)
-    if type(fn) is MethodType and type(fn.__func__) is FunctionType:
-        return bool(fn.__func__.__code__.co_flags & inspect.CO_COROUTINE)
-    # An object whose class defines __call__ in Python (ScriptedModel, a provider adapter):
-    # that function, read anew each time, is what inspect would find, unless the object
-    # looks like a function itself (a mock has every attribute), sets __call__ on itself,
-    # or is a partial (inspect looks at what it wraps).
-    call = getattr(type(fn), "__call__", None)  # noqa: B004 - the function, not callable()
-    if type(call) is FunctionType and not isinstance(fn, functools.partial) \
-            and not hasattr(fn, "__code__") and "__call__" not in getattr(fn, "__dict__", ()):
-        return bool(call.__code__.co_flags & inspect.CO_COROUTINE)
-    # Anything else is asked every time: a class may change its __call__, and a subclass of
-    # partial or a mock answers differently from its class.
+    if type(fn) is MethodType:
+        func = fn.__func__
+        if type(func) is FunctionType and _MARKER not in func.__dict__:
+            return bool(func.__code__.co_flags & inspect.CO_COROUTINE)
+    cls = type(fn)
+    if cls.__dict__.get("_plain_call") is True and "__call__" not in fn.__dict__:
+        call = cls.__dict__.get("__call__")
+        if type(call) is FunctionType and _MARKER not in call.__dict__:
+            return bool(call.__code__.co_flags & inspect.CO_COROUTINE)
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
         getattr(fn, "__call__", None))  # noqa: B004 - async callable objects
 
@@ -197,8 +203,13 @@ class PoolFuture(Future[Any]):
         """The call raised ``exception``."""
         self._finish(None, exception)
 
+    def __repr__(self) -> str:
+        return f"<PoolFuture at {id(self):#x} state={self._state}>"
+
     def _finish(self, result: Any, exception: BaseException | None) -> None:
         with self._lock:
+            if self._state == "FINISHED":  # as Future does: an outcome is set once
+                raise InvalidStateError(f"{self!r} has its outcome already")
             self._result, self._exception = result, exception
             self._state = "FINISHED"
             callbacks, self._done_callbacks = self._done_callbacks, []

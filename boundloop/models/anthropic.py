@@ -186,6 +186,9 @@ class AnthropicModel:
 
     # --- the call ----------------------------------------------------------------------
 
+    #: is_async may read ``__call__`` off this exact class (workers.is_async).
+    _plain_call = True
+
     def __call__(self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:
         kwargs, names = self.request(history, ctx)
         create = self._client.messages.create
@@ -301,6 +304,9 @@ class AnthropicModel:
 class AsyncAnthropicModel(AnthropicModel):
     """:class:`AnthropicModel` on an ``anthropic.AsyncAnthropic`` client: an ``async def``
     model callable (``AnthropicModel(async_client, ...)`` returns one)."""
+
+    #: is_async may read ``__call__`` off this exact class (workers.is_async).
+    _plain_call = True
 
     async def __call__(  # type: ignore[override]
             self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:

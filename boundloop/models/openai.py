@@ -307,6 +307,9 @@ class OpenAIChatModel(_OpenAIModel):
     _RESERVED = frozenset({"model", "messages", "tools", "tool_choice", "max_completion_tokens",
                            "max_tokens", "timeout", "stream", "functions", "function_call"})
 
+    #: is_async may read ``__call__`` off this exact class (workers.is_async).
+    _plain_call = True
+
     def __call__(self, history: list[Any], ctx: Any) -> Any:
         return self._step(history, ctx)
 
@@ -415,6 +418,9 @@ class AsyncOpenAIChatModel(OpenAIChatModel):
     """:class:`OpenAIChatModel` for ``openai.AsyncOpenAI``: an ``async def`` model callable.
     ``OpenAIChatModel(client=openai.AsyncOpenAI(), ...)`` makes one."""
 
+    #: is_async may read ``__call__`` off this exact class (workers.is_async).
+    _plain_call = True
+
     async def __call__(self, history: list[Any], ctx: Any) -> Any:
         return await self._astep(history, ctx)
 
@@ -437,6 +443,9 @@ class OpenAIResponsesModel(_OpenAIModel):
     _RESERVED = frozenset({"model", "input", "instructions", "tools", "tool_choice",
                            "max_output_tokens", "timeout", "stream", "previous_response_id",
                            "conversation"})
+
+    #: is_async may read ``__call__`` off this exact class (workers.is_async).
+    _plain_call = True
 
     def __call__(self, history: list[Any], ctx: Any) -> Any:
         return self._step(history, ctx)
@@ -567,6 +576,9 @@ class OpenAIResponsesModel(_OpenAIModel):
 class AsyncOpenAIResponsesModel(OpenAIResponsesModel):
     """:class:`OpenAIResponsesModel` for ``openai.AsyncOpenAI``: an ``async def`` model
     callable. ``OpenAIResponsesModel(client=openai.AsyncOpenAI(), ...)`` makes one."""
+
+    #: is_async may read ``__call__`` off this exact class (workers.is_async).
+    _plain_call = True
 
     async def __call__(self, history: list[Any], ctx: Any) -> Any:
         return await self._astep(history, ctx)

@@ -39,6 +39,9 @@ class ScriptedModel:
         """How many times the model was invoked."""
         return self._next
 
+    #: is_async may read ``__call__`` off this exact class (workers.is_async).
+    _plain_call = True
+
     def __call__(self, history: list[Any], ctx: Any) -> Any:
         with self._lock:
             index = self._next
