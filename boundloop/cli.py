@@ -954,7 +954,7 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
     if claim:
         runner, j = _runner(journal)
         try:
-            found = runner.recover()
+            found = runner.recover(damaged=damaged)
         finally:
             runner.close()
             j.close()

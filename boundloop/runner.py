@@ -31,6 +31,7 @@ from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.errors import (
     ConfigError,
+    JournalCorrupt,
     JournalError,
     LeaseLost,
     RecoveryError,
@@ -46,7 +47,7 @@ from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
 from boundloop.policy.redact import Scrubber, digests_in, journal_safe, storable
-from boundloop.policy.replay import RunState, apply, replay
+from boundloop.policy.replay import ReplayError, RunState, apply, replay
 from boundloop.results import RecoveredRun, RunResult
 from boundloop.telemetry import Telemetry
 from boundloop.tools import Tool
@@ -299,12 +300,20 @@ class Runner:
         return replay(e for _, e in pairs), pairs[-1][0]
 
     # -- recovery ----------------------------------------------------------------------
-    def recover(self) -> list[RecoveredRun]:
+    def recover(self, *, damaged: list[str] | None = None) -> list[RecoveredRun]:
         """Take ownership of every open run whose owner is gone, and report what each left
         unresolved. Executes nothing; ``resume`` resolves and continues a run.
 
         Two runners recovering at once never both take a run: a claim is an append at the
         run's last sequence number, and only one such append can succeed.
+
+        Args:
+            damaged: where to put the ids of open runs that cannot be read (they are left
+                alone, and every other run is recovered). Without it such a run raises.
+
+        Raises:
+            JournalCorrupt, ReplayError: an open run cannot be read (and ``damaged`` was not
+                given); nothing was claimed.
         """
         owners = self._journal.owners()
         # Every candidate is read before any is claimed: a run that cannot be read raises
@@ -319,7 +328,13 @@ class Runner:
             if info is None or not (info.owner == self.owner
                                     or self._owner_gone(info.owner, owners)):
                 continue
-            state, seq = self._load(run_id)
+            try:
+                state, seq = self._load(run_id)
+            except (JournalCorrupt, ReplayError):
+                if damaged is None:
+                    raise
+                damaged.append(run_id)
+                continue
             if not state.finished:
                 loaded.append((run_id, state, seq))
         out: list[RecoveredRun] = []

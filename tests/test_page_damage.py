@@ -307,14 +307,32 @@ def test_a_run_whose_records_do_not_make_a_run_is_listed_damaged_and_hides_no_ot
 
 
 def test_recover_that_meets_an_unreadable_open_run_takes_over_nothing(tmp_path: Path) -> None:
-    """runner.recover() (and `recover --claim`) raise naming the run before claiming any: a
-    run claimed and never reported would be stranded."""
+    """runner.recover() raises naming the run before claiming any (a run claimed and never
+    reported would be stranded); given ``damaged=``, it recovers every other run and names
+    that one there, and `recover --claim` does so too and exits 4."""
     path = unfoldable(tmp_path / "j")
     with bl.Runner(path) as runner, pytest.raises(bl.BoundloopError, match="'z-bad'"):
         runner.recover()
     assert owners_of(path, "open") == ["gone:1:x"]
-    out = subprocess.run([*CLI, "--journal", str(path), "recover", "--claim"],
+    out = subprocess.run([*CLI, "--journal", str(path), "recover", "--claim", "--json"],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 4 and "run 'z-bad'" in out.stderr, out
-    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
-    assert owners_of(path, "open") == ["gone:1:x"]
+    assert out.returncode == 4, out
+    assert [r["run_id"] for r in json.loads(out.stdout)] == ["open"]
+    assert out.stderr.strip().splitlines() == [
+        "boundloop: 1 damaged open run left out (z-bad); `boundloop verify` checks their "
+        "records, `boundloop replay RUN_ID` how they follow"]
+    claimed = owners_of(path, "open")
+    assert len(claimed) == 2 and claimed[0] == "gone:1:x"  # taken over, at epoch 2
+    path2 = unfoldable(tmp_path / "j2")
+    damaged: list[str] = []
+    with bl.Runner(path2) as runner:
+        got = runner.recover(damaged=damaged)
+        assert [r.run_id for r in got] == ["open"] and damaged == ["z-bad"]
+        assert owners_of_in(runner, "open")[-1] == runner.owner
+
+
+def owners_of_in(runner: bl.Runner, run_id: str) -> list[str]:
+    from boundloop import events as ev
+
+    return [e.owner for e in runner.journal.events(run_id)
+            if isinstance(e, ev.RunAdmitted | ev.OwnerClaimed)]
