@@ -53,6 +53,7 @@ from boundloop.policy.redact import (
     Scrubber,
     journal_safe,
     plain_result,
+    same_value,
 )
 from boundloop.policy.replay import RunState, apply
 from boundloop.policy.safe_text import describe_exception
@@ -363,7 +364,7 @@ class Driver:
                 args, changed = self._redact(event.tool, event.arguments)
                 if event.validated is None:
                     validated, also = None, False
-                elif _same(event.validated, event.arguments):  # validation changed nothing
+                elif same_value(event.validated, event.arguments):  # validation changed nothing
                     validated, also = args, changed
                 else:
                     validated, also = self._redact(event.tool, event.validated)
@@ -847,15 +848,3 @@ class Driver:
 def drive(spec: RunSpec) -> Generator[Effect, Any, RunResult]:
     """The run as a generator: yields effects, is sent their results, returns the result."""
     return Driver(spec).run()
-
-
-_encode = msgspec.msgpack.Encoder().encode
-
-
-def _same(a: Any, b: Any) -> bool:
-    """``a`` and ``b`` are the same value, types included (``1``, ``1.0`` and ``True`` are
-    not): their msgpack bytes are equal. A value that cannot be encoded is not the same."""
-    try:
-        return bool(_encode(a) == _encode(b))
-    except (TypeError, ValueError, OverflowError):
-        return False

@@ -359,3 +359,14 @@ def test_validated_arguments_keep_their_types_and_secrets_stay_digests_in_both(
                     tools=scale, prompt="p")
     (same,) = [e for e in runner.journal.events(r2.run_id) if isinstance(e, ev.CallDecided)]
     assert same.validated == same.arguments and "hunter3" not in str(same.validated)
+
+
+def test_same_value_tells_types_apart_and_never_raises() -> None:
+    from boundloop.policy.redact import same_value
+
+    looped: dict[str, Any] = {}
+    looped["self"] = looped
+    assert same_value({"x": 1, "y": [1, "a"]}, {"x": 1, "y": [1, "a"]})
+    assert not same_value({"x": 1}, {"x": 1.0}) and not same_value({"x": 1}, {"x": True})
+    assert not same_value(looped, looped)  # unencodable: not the same, and no raise
+    assert not same_value({"x": 1 << 70}, {"x": 1 << 70})

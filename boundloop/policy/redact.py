@@ -818,6 +818,16 @@ def storable(value: Any) -> bool:
     return True
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are the same value, types included (``1``, ``1.0`` and ``True`` are
+    not): their msgpack bytes are equal. A value that cannot be encoded is not the same.
+    Never raises."""
+    try:
+        return bool(_msgpack.encode(a) == _msgpack.encode(b))
+    except _ENCODE_ERRORS:
+        return False
+
+
 _DIGEST = re.compile(re.escape(PREFIX) + "[0-9a-f]{64}")
 
 
