@@ -70,12 +70,14 @@ def windowed(start: Callable[[int], Future[bl.RunResult]], runs: int,
 
 
 def measure(base: Path, *, sync: bool, inflight: int, runs: int, rounds: int,
-            warmup: int, journal: str | None = None) -> tuple[float, int]:
+            warmup: int, journal: str | None = None,
+            compress: bool = False) -> tuple[float, int]:
     """Seconds for ``runs`` runs and the tool rounds they made, on a fresh LMDB journal
-    under ``base`` (or on ``journal``, a path or a postgresql:// URL, when given)."""
+    under ``base`` (or on ``journal``, a path or a postgresql:// URL, when given), its
+    records stored compressed when ``compress``."""
     budget = bl.Budget(max_model_steps=rounds + 2, max_tool_calls=max(20, rounds))
     with tempfile.TemporaryDirectory(prefix="boundloop-bench-", dir=base) as tmp, \
-            bl.Runner(journal or Path(tmp) / "journal", sync=sync,
+            bl.Runner(journal or Path(tmp) / "journal", sync=sync, compress=compress,
                       max_in_flight=max(1000, inflight)) as runner:
         def start(i: int, tag: str = "run") -> Future[bl.RunResult]:
             return runner.submit(make_model(rounds), [noop], "go", budget=budget,
@@ -119,12 +121,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="untimed runs before each measurement")
     p.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()),
                    help="where the temporary journal directories go (default: the temp dir)")
+    p.add_argument("--compress", action="store_true",
+                   help="store the journal's records compressed (Runner(compress=True))")
     args = p.parse_args(argv)
     if args.runs < 1 or args.rounds < 1 or args.inflight < 1 or args.warmup < 0:
         p.error("--runs, --rounds and --inflight must be at least 1, --warmup at least 0")
 
     print(f"boundloop: durable tool rounds/s, {args.runs} runs x {args.rounds} rounds, "
-          f"no-op tool, scripted model")
+          f"no-op tool, scripted model{', records compressed' if args.compress else ''}")
     header = (f"{'configuration':<14}{'in flight':>10}{'fsync':>7}{'rounds':>8}"
               f"{'seconds':>9}{'rounds/s':>10}{'ms/round':>10}")
     print(header)
@@ -133,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
     for sync in (True, False):
         for inflight in (1, args.inflight):
             seconds, made = measure(args.dir, sync=sync, inflight=inflight, runs=args.runs,
-                                    rounds=args.rounds, warmup=args.warmup)
+                                    rounds=args.rounds, warmup=args.warmup,
+                                    compress=args.compress)
             rate[inflight, sync] = made / seconds
             name = "sequential" if inflight == 1 else "in flight"
             print(f"{name:<14}{inflight:>10}{'on' if sync else 'off':>7}{made:>8}"
@@ -155,6 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     extra = [f"--{k} {getattr(args, k)}" for k, v in DEFAULTS.items() if getattr(args, k) != v]
     if args.dir != Path(tempfile.gettempdir()):
         extra.append(f"--dir {shlex.quote(str(args.dir))}")
+    if args.compress:
+        extra.append("--compress")
     print("reproduce: " + " ".join(["python bench/loop.py", *extra]))
 
 

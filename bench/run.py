@@ -280,8 +280,8 @@ def journal_bytes(path: Path) -> int:
 
 
 def boundloop_loop(base: Path, *, sync: bool, inflight: int, runs: int, rounds: int = 5,
-                   warmup: int = 5, keep: Path | None = None,
-                   count: bool = False) -> dict[str, float]:
+                   warmup: int = 5, keep: Path | None = None, count: bool = False,
+                   compress: bool = False) -> dict[str, float]:
     """One measurement of W1 (inflight 1) or W2: rounds/s, CPU µs/round, p50/p99 run
     latency, hand-offs and voluntary context switches per round, page bytes per round."""
     budget = bl.Budget(max_model_steps=rounds + 2, max_tool_calls=max(20, rounds))
@@ -290,7 +290,8 @@ def boundloop_loop(base: Path, *, sync: bool, inflight: int, runs: int, rounds: 
     latencies: list[float] = []
     counter = HandOffs()
     try:
-        with bl.Runner(path, sync=sync, max_in_flight=max(1000, inflight)) as runner:
+        with bl.Runner(path, sync=sync, max_in_flight=max(1000, inflight),
+                       compress=compress) as runner:
             def start(i: int, tag: str = "run") -> Future[bl.RunResult]:
                 # Run ids as the runner makes them (time-ordered), as an application would.
                 return runner.submit(w.make_model(rounds), [w.noop], "go", budget=budget)
@@ -376,18 +377,18 @@ def replay_ratio(path: Path) -> tuple[float, float, float]:
             db = env.open_db(b"events", txn=txn, create=False)
             t0 = time.perf_counter()
             n = 0
-            for _, value in txn.cursor(db=db):
-                codec.decode(bytes(value[chain.LINK_SIZE:]))
+            for key, value in txn.cursor(db=db):
+                codec.decode(bytes(value[chain.LINK_SIZE:]), key[:-9].decode())
                 n += 1
             scan = n / (time.perf_counter() - t0)
             size, link = chain.LINK_SIZE, chain.link
             t0 = time.perf_counter()
             prev, state = b"", None
-            for _, value in txn.cursor(db=db):
+            for key, value in txn.cursor(db=db):
                 body = bytes(value[size:])
                 if link(prev, body) == value[:size]:  # never equal here: the cost is the point
                     prev = value[:size]
-                state = _fold_nothing(state, codec.decode(body))
+                state = _fold_nothing(state, codec.decode(body, key[:-9].decode()))
             floor = n / (time.perf_counter() - t0)
     finally:
         env.close()
@@ -602,6 +603,16 @@ def main(argv: list[str] | None = None) -> int:
                                 ).samples.append(float(got["cpu_s"]) / (a.peer_runs * 5) * 1e6)
                             else:
                                 f.note = f"failed: {got.get('error')}"
+            # The same W1 with the records stored compressed (Runner(compress=True)).
+            cmd = f"python bench/loop.py --runs {a.runs} --compress"
+            r = boundloop_loop(base, sync=True, inflight=1, runs=a.runs, compress=True)
+            for suffix, what, unit, key in (("", "", "rounds/s", "rounds_per_s"),
+                                            ("_cpu", ": CPU per round", "µs",
+                                             "cpu_us_per_round"),
+                                            ("_bytes", ": journal pages per round", "B",
+                                             "bytes_per_round")):
+                fig("bl_1_True_z" + suffix, f"boundloop W1 fsync on, compress=True{what}",
+                    unit, cmd).samples.append(r[key])
         say("replay and recovery")
         keep = base / "replay-journal"
         boundloop_loop(base, sync=False, inflight=64, runs=max(a.runs, 200), keep=keep)
@@ -681,6 +692,8 @@ def judge(figs: dict[str, Figure], names: list[str]) -> list[Target]:
            Target("replay / raw scan + decode", v("replay") / v("scan"), 0.7, True,
                   floor=v("scan_floor") / v("scan")),
            Target("journal pages per round (W1)", v("bl_1_True_bytes"), 1500, False, "B"),
+           Target("journal pages per round (W1, compress=True)", v("bl_1_True_z_bytes"), 1500,
+                  False, "B"),
            Target("recover() on 100,000 + 100 runs", v("recover"), 100, False, "ms"),
            Target("1,000 in flight: memory per run", v("mem"), 30, False, "KB"),
            Target("1,000 in flight: threads added", v("threads"), 10, False)]

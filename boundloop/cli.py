@@ -1071,10 +1071,14 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
 @click.option("--pg-restarts", "restarts", type=click.IntRange(min=0), default=None,
               help="How many of the faults are server restarts (default: one in 50, at "
                    "least one).")
+@click.option("--compress", is_flag=True, default=False,
+              help="The workers store the journal's records compressed "
+                   "(Runner(compress=True)).")
 @json_option("the report")
 def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: float,
           pidns: bool | None, where: str | None, journal: str | None, pgdata: str | None,
-          restart_cmd: str | None, restarts: int | None, as_json: bool) -> None:
+          restart_cmd: str | None, restarts: int | None, compress: bool,
+          as_json: bool) -> None:
     """Crash-recovery and ownership drill: SIGKILL (and with --pause, SIGSTOP past the
     lease) workers at random moments while the others take their runs over; check the
     journal against a ledger of real side effects. Exits 1 if any invariant fails.
@@ -1101,12 +1105,14 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
         report = run_drill(base, runs, kills, seed, workers,
                            out=(lambda s: None) if as_json else bar.echo, pause=pause,
                            lease_s=lease_s, pidns=pidns, journal=journal, pgdata=pgdata,
-                           restart_cmd=restart_cmd, restarts=restarts, progress=bar.update)
+                           restart_cmd=restart_cmd, restarts=restarts, progress=bar.update,
+                           compress=compress)
     if as_json:
         _echo_json({**msgspec.to_builtins(report), "ok": report.ok, "dir": str(base)})
     else:
         text = format_report(report, command(runs, kills, seed, workers, pause, lease_s,
-                                             pidns, journal, pgdata, restart_cmd, restarts))
+                                             pidns, journal, pgdata, restart_cmd, restarts,
+                                             compress))
         click.echo("\n".join(line.rstrip() for line in text.splitlines()))
     if not report.ok:
         click.get_current_context().exit(EXIT_MISMATCH)

@@ -152,6 +152,8 @@ class DrillReport(msgspec.Struct):
     workers: int = 2
     lease_s: float = 1.0
     pid_namespaces: bool = False
+    #: The workers stored the journal's records compressed (``--compress``).
+    compress: bool = False
     faults_injected: int = 0
     pauses_injected: int = 0
     pauses_backed_off: int = 0
@@ -367,7 +369,7 @@ def drill_tools(ledger_path: Path, worker: str = "w") -> list[Tool]:
 
 def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrency: int,
            log: str, *, lease_s: float = 30.0, name: str = "w", notes: str | None = None,
-           linger: str | None = None) -> None:
+           linger: str | None = None, compress: bool = False) -> None:
     """A worker: take over orphans it can, start its runs not yet in the journal, and
     keep taking over orphans (every ``lease_s / 2``) until its runs are done.
 
@@ -406,8 +408,8 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
                 note({"kind": "unavailable", "where": where, "error": repr(exc)})
                 time.sleep(0.1)
 
-    runner = asking(lambda: Runner(journal, max_in_flight=concurrency * 4, lease_s=lease_s),
-                    "open")
+    runner = asking(lambda: Runner(journal, max_in_flight=concurrency * 4, lease_s=lease_s,
+                                   compress=compress), "open")
     with runner:
         print(f"ready {runner.owner} {time.time():.6f}", flush=True)
         resumed: list[Future[RunResult]] = []
@@ -503,6 +505,7 @@ def _worker_main(argv: list[str]) -> None:
     for name in ("journal", "ledger", "runs_file", "seed", "concurrency", "log"):
         ap.add_argument(name)
     ap.add_argument("--lease", type=float, default=30.0)
+    ap.add_argument("--compress", action="store_true")
     ap.add_argument("--name", default="w")
     ap.add_argument("--notes", default=None)
     ap.add_argument("--linger", default=None)
@@ -519,7 +522,7 @@ def _worker_main(argv: list[str]) -> None:
             sys.stdout.flush()
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
     worker(a.journal, a.ledger, a.runs_file, int(a.seed), int(a.concurrency), a.log,
-           lease_s=a.lease, name=a.name, notes=a.notes, linger=a.linger)
+           lease_s=a.lease, name=a.name, notes=a.notes, linger=a.linger, compress=a.compress)
 
 
 # -- the drill ----------------------------------------------------------------------------
@@ -729,7 +732,8 @@ def _pid_max() -> int:
 
 def _spawn(base: Path, n: int, slot: int, runs: list[str], seed: int, concurrency: int,
            lease_s: float = 30.0, pidns: bool = False,
-           tids: _TidBlocks | None = None, journal: str | None = None) -> _Life:
+           tids: _TidBlocks | None = None, journal: str | None = None,
+           compress: bool = False) -> _Life:
     name = f"w{n}"
     runs_file = base / "pieces" / f"runs-{n}.txt"
     runs_file.parent.mkdir(exist_ok=True)
@@ -740,7 +744,7 @@ def _spawn(base: Path, n: int, slot: int, runs: list[str], seed: int, concurrenc
             journal or str(base / "journal"), str(base / "ledger"), str(runs_file), str(seed),
             str(concurrency), str(base / "recovered.jsonl"), "--lease", str(lease_s),
             "--name", name, "--notes", str(logs / f"{name}.jsonl"),
-            "--linger", str(base / "linger")]
+            "--linger", str(base / "linger")] + (["--compress"] if compress else [])
     if pidns:
         # Thread-id blocks matter to LMDB's robust mutexes only (see _TidBlocks).
         first = [] if tids is None else ["--pid", str(tids.take(name))]
@@ -885,7 +889,8 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
               pidns: bool | None = None, journal: str | None = None,
               pgdata: str | os.PathLike[str] | None = None,
               restart_cmd: str | None = None, restarts: int | None = None,
-              progress: Callable[[int, int | None], None] | None = None) -> DrillReport:
+              progress: Callable[[int, int | None], None] | None = None,
+              compress: bool = False) -> DrillReport:
     """Run the drill in directory ``base`` and return its report.
 
     ``kills`` is the number of faults to inject: SIGKILLs, and with ``pause`` also SIGSTOPs
@@ -924,7 +929,7 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
     size = max(1, runs // (expected_kills + workers))
     queue = [run_ids[i:i + size] for i in range(0, runs, size)]
     report = DrillReport(runs, workers=workers, lease_s=lease_s, pid_namespaces=pidns,
-                         unowned_bound_s=round(lease_s * 1.5 + SLACK_S, 3))
+                         unowned_bound_s=round(lease_s * 1.5 + SLACK_S, 3), compress=compress)
     if progress is not None:
         said, told = out, progress
 
@@ -968,12 +973,12 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
     tids = _TidBlocks() if journal is None else None
     probe: _WriteLockProbe | _FlockProbe | None = None
     if journal is not None:
-        with Runner(where, lease_s=lease_s):
+        with Runner(where, lease_s=lease_s, compress=compress):
             pass  # the schema and the redaction key, before any worker
         probe = _FlockProbe(Downstream(base / "ledger").lock)
     elif pause:
         # The probe first (on a journal made for it), so no worker's block holds its pid.
-        with Runner(base / "journal", lease_s=lease_s):
+        with Runner(base / "journal", lease_s=lease_s, compress=compress):
             pass
         lmdb_probe = _WriteLockProbe(base / "journal", Downstream(base / "ledger").lock)
         probe = lmdb_probe
@@ -1016,7 +1021,8 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                 if not queue:
                     lingering.add(slot)
                 life = _spawn(base, len(lives) + 1, slot, piece, seed, concurrency,
-                              lease_s, pidns, tids, None if journal is None else where)
+                              lease_s, pidns, tids, None if journal is None else where,
+                              compress)
                 lives.append(life)
                 procs[slot] = life
             for life in procs.values():
@@ -1083,7 +1089,7 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
     # end needs_review once more, and the person's own runner can fence itself (a lease
     # renewal late on a loaded machine) and leave a run open, to be recovered like any other.
     tools = drill_tools(base / "ledger", "person")
-    with Runner(where, lease_s=lease_s) as runner:
+    with Runner(where, lease_s=lease_s, compress=compress) as runner:
         give_up = time.monotonic() + 10 + 4 * lease_s
         while True:
             for r in runner.recover():
@@ -1427,7 +1433,7 @@ def _masked(url: str) -> str:
 def command(runs: int, kills: int, seed: int, workers: int = 2, pause: bool = False,
             lease_s: float = 1.0, pidns: bool | None = None, journal: str | None = None,
             pgdata: str | None = None, restart_cmd: str | None = None,
-            restarts: int | None = None) -> str:
+            restarts: int | None = None, compress: bool = False) -> str:
     """The ``boundloop drill`` command line of these settings."""
     import shlex
 
@@ -1437,7 +1443,8 @@ def command(runs: int, kills: int, seed: int, workers: int = 2, pause: bool = Fa
         + (f" --journal {shlex.quote(_masked(journal))}" if journal else "") \
         + (f" --pgdata {shlex.quote(str(pgdata))}" if pgdata else "") \
         + (f" --pg-restart-cmd {shlex.quote(restart_cmd)}" if restart_cmd else "") \
-        + (f" --pg-restarts {restarts}" if restarts is not None else "")
+        + (f" --pg-restarts {restarts}" if restarts is not None else "") \
+        + (" --compress" if compress else "")
     return f"boundloop drill --runs {runs} --kills {kills} --seed {seed}{extra}"
 
 

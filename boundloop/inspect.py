@@ -157,7 +157,8 @@ _raw_list = msgspec.msgpack.Decoder(list[bytes])
 
 def load_events(path: str | os.PathLike[str]) -> list[ev.Event]:
     """Events from a file: JSON lines (``boundloop export``) or, for a ``.msgpack`` file, a
-    msgpack array of events as the journal stores them.
+    msgpack array of the events' msgpack bytes (``codec.encode``, as a journal stores them
+    uncompressed).
 
     Raises:
         JournalCorrupt: the file holds something that is not an event this version knows.
@@ -170,7 +171,7 @@ def load_events(path: str | os.PathLike[str]) -> list[ev.Event]:
             raws = _raw_list.decode(data)
         except msgspec.DecodeError as exc:
             raise JournalCorrupt(f"{p}: not a msgpack array of events ({exc})") from None
-        return [codec.decode(raw) for raw in raws]
+        return [codec.decode(raw, "") for raw in raws]  # a cut-out run id cannot be known
     out: list[ev.Event] = []
     for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 from crash_worker import RUN_ID, ledger_lines, make_tools, model_for
 
 import boundloop as bl
@@ -71,6 +72,27 @@ def test_a_short_drill_passes(tmp_path: Path) -> None:
     assert report["runs"] == 16 and report["runs_not_final"] == 0
     assert report["duplicate_executions"] == 0 and report["executed_without_intent"] == 0
     assert report["unresolved_missed"] == 0 and report["replay_mismatches"] == 0
+
+
+def test_a_short_drill_passes_with_the_records_compressed(tmp_path: Path) -> None:
+    out = boundloop("drill", "--runs", "16", "--kills", "4", "--seed", "3", "--compress",
+                    "--dir", str(tmp_path / "drill"), "--json")
+    assert out.returncode == 0, out.stderr + out.stdout
+    report = json.loads(out.stdout)
+    assert report["ok"] is True and report["compress"] is True
+    assert report["crashes_injected"] >= 2 and report["runs_not_final"] == 0
+    assert report["duplicate_executions"] == 0 and report["executed_without_intent"] == 0
+    assert report["unresolved_missed"] == 0 and report["replay_mismatches"] == 0
+    env = lmdb.open(str(tmp_path / "drill" / "journal"), readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            assert txn.get(b"format", db=env.open_db(b"meta", txn=txn, create=False)) \
+                == (3).to_bytes(4, "big")
+            bodies = [v[32:] for _, v in txn.cursor(env.open_db(b"events", txn=txn,
+                                                                create=False))]
+    finally:
+        env.close()
+    assert len(bodies) > 16 * 10 and all(b[0] == 0xC1 for b in bodies)
 
 
 def test_journal_option_before_the_command_and_positional_outcome(tmp_path: Path) -> None:

@@ -185,7 +185,7 @@ def test_old_and_newer_events_still_decode() -> None:
     old = msgspec.convert(data, ev.AnyEvent)
     assert isinstance(old, ev.CallDecided)
     assert (old.reason, old.read_only, old.redacted, old.ts) == ("", False, False, 0.0)
-    stored = codec.decode(msgspec.msgpack.encode(data))
+    stored = codec.decode(msgspec.msgpack.encode(data), data["run_id"])
     assert stored == old
 
 

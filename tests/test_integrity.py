@@ -380,10 +380,11 @@ def test_a_journal_without_the_chain_format_is_refused_with_what_to_do(
             LmdbJournal(path, readonly=readonly)
     done = cli("runs", journal=path)
     assert done.returncode == 4 and "older boundloop" in done.stderr
-    _rewrite(path, lambda txn, dbs: txn.put(b"format", (3).to_bytes(4, "big"),
+    _rewrite(path, lambda txn, dbs: txn.put(b"format", (4).to_bytes(4, "big"),
                                             db=dbs["meta"]))
-    with pytest.raises(bl.JournalUnavailable, match="format 3.*upgrade boundloop"):
-        LmdbJournal(path, readonly=True)
+    for readonly in (True, False):
+        with pytest.raises(bl.JournalUnavailable, match="format 4.*upgrade boundloop"):
+            LmdbJournal(path, readonly=readonly)
 
 
 def test_a_new_journal_is_stamped_with_the_format(tmp_path: Path) -> None:

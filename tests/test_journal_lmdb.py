@@ -25,6 +25,13 @@ class TestLmdbJournalWithoutSync(JournalContract):
         return LmdbJournal(path, sync=False)
 
 
+class TestLmdbJournalCompressed(JournalContract):
+    """The whole contract holds when the records are stored compressed (format 3)."""
+
+    def make_journal(self, path: Path) -> LmdbJournal:
+        return LmdbJournal(path, sync=False, compress=True)
+
+
 # -- sync ------------------------------------------------------------------------------
 
 

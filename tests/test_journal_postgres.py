@@ -31,6 +31,7 @@ psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3
 
 from pg_server import PgServer  # noqa: E402
 
+from boundloop.journal import codec  # noqa: E402
 from boundloop.journal.postgres import PostgresJournal  # noqa: E402
 
 TESTS = Path(__file__).parent
@@ -98,6 +99,40 @@ class TestPostgresJournal(JournalContract):
                                 (f'"{schema}".{table}',))[0][0], table
         finally:
             j.close()
+
+
+class TestPostgresJournalCompressed(TestPostgresJournal):
+    """The whole contract again with the records stored compressed (format 3)."""
+
+    def make_journal(self, path: Path) -> PostgresJournal:
+        return PostgresJournal(self.url, schema=schema_for(path), compress=True)
+
+
+def _format(url: str, schema: str) -> int:
+    [(raw,)] = _sql(url, f"SELECT value FROM \"{schema}\".boundloop_meta WHERE key = 'format'")
+    return int.from_bytes(bytes(raw), "big")
+
+
+def test_a_compressing_writer_stamps_format_3_and_reads_plain_records(
+        pg: PgServer, tmp_path: Path) -> None:
+    url, schema = pg.url(), schema_for(tmp_path)
+    first, second = several("r1"), several("r2")
+    with PostgresJournal(url, schema=schema) as j:
+        j.append("r1", 0, first)
+    assert _format(url, schema) == 2
+    with PostgresJournal(url, schema=schema, readonly=True, compress=True) as ro:
+        assert list(ro.events("r1")) == first
+    assert _format(url, schema) == 2  # a reader stamps nothing
+    with PostgresJournal(url, schema=schema, compress=True) as j:
+        j.append("r2", 0, second)
+        assert list(j.events("r1")) == first and list(j.events("r2")) == second
+    assert _format(url, schema) == 3
+    bodies = _sql(url, f'SELECT run_id, body FROM "{schema}".boundloop_events ORDER BY run_id, '
+                       "seq")
+    assert {r for r, b in bodies if bytes(b)[0] == codec.MARK} == {"r2"}
+    with PostgresJournal(url, schema=schema) as j:  # a plain writer never goes back
+        assert list(j.events("r2")) == second
+    assert _format(url, schema) == 3
 
 
 # -- the schema ---------------------------------------------------------------------------

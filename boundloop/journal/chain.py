@@ -1,9 +1,10 @@
 """The hash chain over a run's stored records, and the checksum of small index entries.
 
-Record format (journal format 2). Every event of a run is stored under the key
+Record format (journal formats 2 and 3). Every event of a run is stored under the key
 ``run id || NUL || seq`` (seq a big-endian u64, dense from 1) as
 
-    value = link (32 bytes) || body (the event's msgpack bytes, as ``codec.encode`` made them)
+    value = link (32 bytes) || body (the event's stored bytes, as ``codec.encode`` made them:
+            its msgpack bytes, or their compressed form, see ``boundloop.journal.codec``)
 
 where ``link_n = BLAKE2b-256(link_{n-1} || body_n)`` and ``link_0 = seed(run id)``, a BLAKE2b-256
 of a fixed label and the run id, so a record moved to another run, to another position, or out
@@ -26,8 +27,15 @@ from boundloop.errors import JournalCorrupt
 LINK_SIZE = 32
 #: Bytes of the checksum in front of an index entry.
 SUM_SIZE = 16
-#: The record format this version writes and reads (meta key ``format``): 2 = hash chain.
+#: The record format of a new journal (meta key ``format``): 2 = hash chain, plain msgpack
+#: bodies.
 FORMAT = 2
+#: The format of a journal whose bodies may be compressed (``codec.pack``). A format 2 journal
+#: becomes one when a writer opened with ``compress=True`` opens it: its plain bodies read as
+#: they are (no record changes), and the stamp keeps an older boundloop from misreading it.
+COMPRESSED = 3
+#: The formats this version reads.
+READS = (FORMAT, COMPRESSED)
 _SEED_LABEL = b"boundloop journal chain v2\x00"
 
 

@@ -7,7 +7,8 @@ Readers use their own read transactions from any thread.
 Integrity (SPEC 6). Tables: ``events`` (key ``run id || NUL || seq`` as a big-endian u64,
 value ``link || msgpack event``: see ``boundloop.journal.chain``), ``runs`` (a run's index
 entry: its RunInfo and the head of its chain, behind a checksum), ``order``, ``open``,
-``owners`` (checksummed too) and ``meta`` (``format``: the record format, 2). Every read
+``owners`` (checksummed too) and ``meta`` (``format``: the record format, 2, or 3 once a
+writer with ``compress=True`` opened it). Every read
 checks a run's sequence, chain and head before returning anything, and raises
 ``JournalCorrupt`` (a ``chain.ChainError`` naming the run and seq) on any mismatch; no LMDB or
 msgspec error escapes raw. A journal of format 1 (before the chain) is refused with what to
@@ -617,6 +618,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
     Args:
         path: the journal directory.
         sync: fsync every commit (the default; False trades durability for speed).
+        compress: store events compressed (``codec.pack``: about half the pages of a plain
+            journal; the journal becomes record format 3, which a boundloop that does not
+            compress cannot read, and its files no longer hold each event's msgpack bytes).
         map_size: the initial map size in bytes; it doubles when the data nears it.
         max_map_size: the map never grows past this; a full journal fails closed.
         max_readers: concurrent read transactions across every process sharing the journal.
@@ -628,11 +632,13 @@ class LmdbJournal(keys.KeyedJournal, Journal):
     """
 
     def __init__(self, path: str | os.PathLike[str], *, sync: bool = True,
-                 map_size: int = 1 << 30, max_map_size: int = 1 << 40,
+                 compress: bool = False, map_size: int = 1 << 30, max_map_size: int = 1 << 40,
                  max_readers: int = 1024, create: bool = True, readonly: bool = False,
                  walk: bool = True) -> None:
         self.path = Path(path)
         self.readonly = readonly
+        self.compress = compress
+        self._format = chain.COMPRESSED if compress else chain.FORMAT
         self._walk = walk
         data = self.path / "data.mdb"
         if not self.path.exists():
@@ -795,8 +801,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                                           f"table starts at page {root}")
 
     def _check_format(self) -> None:
-        """The journal's record format must be this version's (``chain.FORMAT``); a new
-        journal is stamped with it.
+        """The journal's record format must be one this version reads (``chain.READS``); a
+        new journal is stamped with its format (``chain.COMPRESSED`` when this journal
+        compresses, else ``chain.FORMAT``), and a format 2 one opened to compress becomes 3.
 
         A journal written before the hash chain (format 1: no ``format`` key, records
         without links) is refused, not read as legacy: its records cannot be checked, and
@@ -809,7 +816,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             with self._env.begin(write=True) as txn:
                 raw = txn.get(_FORMAT_KEY, db=self._meta)
                 if raw is None and not txn.stat(self._events)["entries"]:
-                    txn.put(_FORMAT_KEY, chain.FORMAT.to_bytes(4, "big"), db=self._meta)
+                    txn.put(_FORMAT_KEY, self._format.to_bytes(4, "big"), db=self._meta)
                     return
         if raw is None:
             if empty:
@@ -823,12 +830,16 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         if len(raw) != 4:
             raise _bad_file(self.path / "data.mdb", "has a damaged format record")
         version = int.from_bytes(raw, "big")
-        if version != chain.FORMAT:
+        if version not in chain.READS:
             raise JournalUnavailable(
                 f"the journal at {self.path} has record format {version}, and this boundloop "
-                f"reads format {chain.FORMAT} only: "
-                + ("upgrade boundloop to read it" if version > chain.FORMAT else
+                f"reads formats {', '.join(map(str, chain.READS))} only: "
+                + ("upgrade boundloop to read it" if version > chain.COMPRESSED else
                    "it was written by an older boundloop; read it with that version"))
+        if version < self._format and not self.readonly:
+            self._check_lock()
+            with self._env.begin(write=True) as txn:
+                txn.put(_FORMAT_KEY, self._format.to_bytes(4, "big"), db=self._meta)
 
     def _hold_lock_file(self) -> None:
         """Hold a shared ``flock`` on ``lock.mdb`` while open, and note which file it is.
@@ -1001,8 +1012,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             # Encoded here, in the caller's thread: the writer only writes, and an event
             # that cannot be stored fails its own append, never the writer.
             try:
-                encoded = [codec.encode(e) for e in events]
-            except (TypeError, ValueError, OverflowError) as exc:
+                encoded = [codec.pack(e, run_id) for e in events] if self.compress \
+                    else [codec.encode(e) for e in events]
+            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
                 raise JournalError(f"an event of run {run_id!r} cannot be stored "
                                    f"({type(exc).__name__}: {exc})") from None
             return _Request(run_id, expected_seq, events, encoded, done, fence)
@@ -1362,7 +1374,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                     chain.unseal(run_id, expected, prev, value)  # raises, saying what
                 prev = link
                 try:
-                    event = decode(body)
+                    event = decode(body, run_id)
                 except JournalCorrupt as exc:
                     raise chain.ChainError(run_id, expected,
                                            f"the record does not decode: {exc}") from None
@@ -1569,23 +1581,25 @@ _shared: dict[str, list[Any]] = {}
 _shared_lock = threading.Lock()
 
 
-def acquire(path: str | os.PathLike[str], *, sync: bool = True) -> LmdbJournal:
+def acquire(path: str | os.PathLike[str], *, sync: bool = True,
+            compress: bool = False) -> LmdbJournal:
     """The process's journal in ``path``, opened once and shared by every Runner on it
     (LMDB allows one environment per data file per process). ``release`` it when done.
 
     Raises:
-        ConfigError: it is already open here with another ``sync`` setting.
+        ConfigError: it is already open here with another ``sync`` or ``compress`` setting.
     """
     key = os.path.realpath(path)
     with _shared_lock:
         entry = _shared.get(key)
         if entry is None or entry[0].closed or entry[0].pid != os.getpid():
-            journal = LmdbJournal(path, sync=sync)
+            journal = LmdbJournal(path, sync=sync, compress=compress)
             _shared[key] = [journal, 1]
             return journal
-        if entry[0].sync != sync:
-            raise ConfigError(f"the journal at {path} is already open in this process with "
-                              f"sync={entry[0].sync}")
+        for name, value in (("sync", sync), ("compress", compress)):
+            if getattr(entry[0], name) != value:
+                raise ConfigError(f"the journal at {path} is already open in this process "
+                                  f"with {name}={getattr(entry[0], name)}")
         entry[1] += 1
         return entry[0]  # type: ignore[no-any-return]
 

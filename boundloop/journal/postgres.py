@@ -21,13 +21,14 @@ to an older one. Tables (every one revoked from PUBLIC, whatever default privile
   ``created_ts``, ``updated_ts``, ``finished_ts`` and ``head`` (the link of its last record).
   Partial indexes: open runs (``WHERE status IS NULL``) and retention (``finished_ts``).
 - ``boundloop_events``: one row per event: ``(run_id, seq)`` primary key, ``epoch`` (the run's
-  epoch once the event is applied), ``kind`` (the event's tag), ``body`` (its msgpack bytes)
+  epoch once the event is applied), ``kind`` (the event's tag), ``body`` (its msgpack bytes,
+  or their compressed form when opened with ``compress=True``: see ``boundloop.journal.codec``)
   and ``link`` (its hash-chain link: ``BLAKE2b-256(previous link || body)``).
 - ``boundloop_owners``: runners and their leases (``owner`` primary key, ``lease_until``
   indexed, and the rest of an ``OwnerRecord``).
 - ``boundloop_meta``: ``journal_id`` and ``key_fingerprint`` (the redaction key, see
-  ``boundloop.keys``: the key itself is never stored here) and ``format`` (the record format,
-  ``chain.FORMAT``).
+  ``boundloop.keys``: the key itself is never stored here) and ``format`` (the record format:
+  ``chain.FORMAT``, or ``chain.COMPRESSED`` once a writer with ``compress=True`` opened it).
 
 **Appends** go through one writer thread and one connection. Each transaction first makes
 its commit durable whatever the server's default (``synchronous_commit`` is set to ``on``
@@ -157,7 +158,8 @@ def url_scheme(value: object) -> str | None:
 
 
 def open_url(url: str, *, sync: bool = True, readonly: bool = False,
-             create: bool = True, lease_s: float | None = None) -> PostgresJournal:
+             create: bool = True, lease_s: float | None = None,
+             compress: bool = False) -> PostgresJournal:
     """The journal a URL names (``bl.Runner(url)``, ``--journal URL``); ``lease_s`` is the
     lease of the runner that opens it (the session timeouts follow it; default: learned
     from the runner's first owner record).
@@ -172,7 +174,8 @@ def open_url(url: str, *, sync: bool = True, readonly: bool = False,
         raise ConfigError(f"a journal URL of scheme {scheme or url!r} names no journal "
                           "backend: use postgresql://user@host/db (or postgres://) for "
                           "PostgreSQL, or a directory path for LMDB")
-    return PostgresJournal(url, sync=sync, readonly=readonly, create=create, lease_s=lease_s)
+    return PostgresJournal(url, sync=sync, readonly=readonly, create=create, lease_s=lease_s,
+                           compress=compress)
 
 
 class _Index(RunInfo):
@@ -518,6 +521,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         lease_s: the lease of the runners using the journal, which the server-side
             timeouts follow (see the module's docstring; default: learned from the first
             owner record registered through the journal, else 30 s).
+        compress: store events compressed, as LMDB's ``compress`` does (record format 3).
 
     Raises:
         JournalUnavailable: the server cannot be reached, or the journal's schema is of
@@ -527,7 +531,8 @@ class PostgresJournal(keys.KeyedJournal, Journal):
 
     def __init__(self, url: str, *, sync: bool = True, schema: str | None = None,
                  readonly: bool = False, create: bool = True, pool_size: int = 8,
-                 connect_timeout: float = 10.0, lease_s: float | None = None) -> None:
+                 connect_timeout: float = 10.0, lease_s: float | None = None,
+                 compress: bool = False) -> None:
         _need_psycopg()
         if not isinstance(url, str) or not url:
             raise ConfigError("a PostgreSQL journal needs a connection URL, e.g. "
@@ -535,6 +540,8 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         self.url = url
         self.sync = sync
         self.readonly = readonly
+        self.compress = compress
+        self._format = chain.COMPRESSED if compress else chain.FORMAT
         self.pid = os.getpid()
         self.connect_timeout = float(connect_timeout)
         self.name = _display(url)
@@ -637,13 +644,18 @@ class PostgresJournal(keys.KeyedJournal, Journal):
                                      f"{SCHEMA_VERSION}: upgrade boundloop to use it")
 
     def _check_format(self, conn: Any) -> None:
-        raw = conn.execute(self._sql("SELECT value FROM @.boundloop_meta WHERE key = "
-                                     "'format'")).fetchone()
+        """The record format must be one this version reads; a writer that compresses
+        stamps a format 2 journal 3 (``chain.COMPRESSED``), as LMDB's does."""
+        query = "SELECT value FROM @.boundloop_meta WHERE key = 'format'"
+        raw = conn.execute(self._sql(query)).fetchone()
         version = None if raw is None or len(raw[0]) != 4 else int.from_bytes(raw[0], "big")
-        if version != chain.FORMAT:
+        if version not in chain.READS:
             raise JournalUnavailable(f"the journal in {self.name} has record format "
-                                     f"{version}, and this boundloop reads format "
-                                     f"{chain.FORMAT} only")
+                                     f"{version}, and this boundloop reads formats "
+                                     f"{', '.join(map(str, chain.READS))} only")
+        if version < self._format and not self.readonly:
+            conn.execute(self._sql("UPDATE @.boundloop_meta SET value = %s WHERE key = "
+                                   "'format'"), (self._format.to_bytes(4, "big"),))
 
     def _check_schema(self, conn: Any) -> None:
         """A read-only open: the tables must be there, at this version."""
@@ -834,8 +846,9 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             check_run_id(run_id)
             events = list(events)
             try:
-                encoded = [codec.encode(e) for e in events]
-            except (TypeError, ValueError, OverflowError) as exc:
+                encoded = [codec.pack(e, run_id) for e in events] if self.compress \
+                    else [codec.encode(e) for e in events]
+            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
                 raise JournalError(f"an event of run {run_id!r} cannot be stored "
                                    f"({type(exc).__name__}: {exc})") from None
             request = _Request(run_id, expected_seq, events, encoded, done, fence)
@@ -1222,7 +1235,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
             chain.unseal(run_id, seq, prev, link + body)
             prev = link
             try:
-                event = codec.decode(body)
+                event = codec.decode(body, run_id)
             except JournalCorrupt as exc:
                 raise chain.ChainError(run_id, seq, f"the record does not decode: {exc}") \
                     from None

@@ -4,9 +4,9 @@
 
 runs each scenario on a real Runner with a fresh LMDB journal and writes, for each run,
 ``<name>.jsonl`` (``boundloop export``'s JSON lines, readable) and ``<name>.msgpack`` (a
-msgpack array of the events exactly as the journal stores them). ``tests/test_inspect.py``
-replays and checks them with the current code, so a change to the events or the policy that
-would break old journals, or change past decisions, fails a test.
+msgpack array of the events' msgpack bytes, as a format 2 journal stored them).
+``tests/test_inspect.py`` replays and checks them with the current code, so a change to the
+events or the policy that would break old journals, or change past decisions, fails a test.
 
 Re-record only on purpose (a deliberate change of a decision rule), never to make a failing
 golden test pass: old journals must keep replaying. ``journal_unavailable`` cannot be

@@ -1,0 +1,304 @@
+"""Compressed journal records (``codec.pack``, record format 3): what they store, what reads
+them back, and what a damaged one is."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import lmdb
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import boundloop as bl
+from boundloop import events as ev
+from boundloop.errors import JournalCorrupt, JournalUnavailable
+from boundloop.journal import LmdbJournal, _dictionary, chain, codec
+from boundloop.journal import lmdb as lmdb_journal
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+import make_dictionary  # noqa: E402
+
+RID = "019a0c4e5b7d7e3f8c2a1b4d6e8f0a1c"
+
+
+def test_the_dictionary_never_changes() -> None:
+    # Records written with dictionary 1 must decode forever: a new dictionary gets a new id.
+    assert hashlib.blake2b(_dictionary.V1, digest_size=32).hexdigest() == (
+        "f15b914dd5963465db77d23b1564410e50ef4680502f99c7e6a066e0cb58a278")
+    assert codec.DICTIONARY_ID == 1
+
+
+def test_every_kind_of_event_packs_smaller_and_reads_back() -> None:
+    for event in make_dictionary.events():
+        plain, packed = codec.encode(event), codec.pack(event, event.run_id)
+        assert packed[:2] == b"\xc1\x01" and len(packed) < len(plain) / 2, type(event)
+        assert codec.decode(packed, event.run_id) == event
+        assert codec.plain(packed, event.run_id) == plain
+        assert codec.decode(plain, event.run_id) == event  # plain bodies read as they were
+
+
+def test_the_run_id_is_cut_out_and_put_back_wherever_it_occurs() -> None:
+    event = ev.CallSucceeded(run_id=RID, execution_id=f"{RID}:1:0", attempt=1,
+                             content={RID: RID + RID, "x": f"a{RID}b"})
+    packed = codec.pack(event, event.run_id)
+    assert packed[2] == 6  # the field, the execution id, the key and three in the value
+    assert RID.encode() not in packed
+    assert codec.decode(packed, RID) == event
+    with pytest.raises(JournalCorrupt, match="without one"):
+        codec.decode(packed, "")
+    # Read as another run's record, it is not that run's event.
+    assert codec.decode(packed, "x" * len(RID)) != event
+
+
+@settings(max_examples=300, deadline=None)
+@given(run_id=st.text(st.sampled_from("ab:01"), min_size=1, max_size=6),
+       content=st.recursive(st.text(st.sampled_from("ab:01x"), max_size=40)
+                            | st.integers(-2**63, 2**63 - 1) | st.none(),
+                            lambda kids: st.lists(kids, max_size=4)
+                            | st.dictionaries(st.text(st.sampled_from("ab01"), max_size=5),
+                                              kids, max_size=4), max_leaves=12))
+def test_any_event_reads_back_exactly(run_id: str, content: object) -> None:
+    # Run ids that overlap themselves and the content ("aa" in "aaa") still cut and restore
+    # to the same bytes.
+    event = ev.CallSucceeded(run_id=run_id, execution_id=f"{run_id}:1:0", attempt=1,
+                             content=content)
+    packed = codec.pack(event, event.run_id)
+    assert codec.plain(packed, run_id) == codec.encode(event)
+    assert codec.decode(packed, run_id) == event
+
+
+def test_run_ids_past_the_places_a_record_can_name_stay_in_it() -> None:
+    big = "y" * 70_000
+    event = ev.CallSucceeded(run_id=RID, execution_id=f"{RID}:1:0", attempt=1,
+                             content=[big, RID])
+    packed = codec.pack(event, event.run_id)
+    assert codec.decode(packed, RID) == event
+    many = ev.CallSucceeded(run_id="ab", execution_id="ab:1:0", attempt=1,
+                            content="ab" * 400)
+    assert codec.pack(many, "ab")[2] == 255  # at most 255 places; the rest stay in the frame
+    assert codec.decode(codec.pack(many, "ab"), "ab") == many
+
+
+@settings(max_examples=400, deadline=None)
+@given(at=st.integers(min_value=0), value=st.integers(min_value=0, max_value=255),
+       cut=st.integers(min_value=0))
+def test_a_damaged_packed_record_is_journal_corrupt_or_an_event(at: int, value: int,
+                                                                cut: int) -> None:
+    # Alone, the codec cannot tell every change (the chain link does); it never raises
+    # anything but JournalCorrupt, and never reads past what it was given.
+    event = make_dictionary.events()[-4]  # a CallDecided
+    packed = bytearray(codec.pack(event, event.run_id))
+    packed[at % len(packed)] = value
+    damaged = bytes(packed[:max(1, len(packed) - cut % len(packed))])
+    try:
+        got = codec.decode(damaged, event.run_id)
+    except JournalCorrupt:
+        return
+    assert isinstance(got, ev.Event)
+
+
+def test_an_unknown_dictionary_or_a_huge_claim_is_refused() -> None:
+    packed = codec.pack(make_dictionary.events()[-4], RID)
+    with pytest.raises(JournalCorrupt, match="dictionary 9.*newer boundloop"):
+        codec.decode(packed[:1] + b"\x09" + packed[2:], RID)
+    with pytest.raises(JournalCorrupt, match="3 bytes"):
+        codec.decode(b"\xc1\x01\x00", RID)
+    with pytest.raises(JournalCorrupt, match="out of order"):
+        codec.decode(b"\xc1\x01\x02\x00\x05\x00\x01" + packed[3 + 2 * packed[2]:], RID)
+
+
+def test_what_is_put_back_is_the_keys_run_id_so_any_event_reads_back_as_given() -> None:
+    # An event naming another run than its key's (only a direct append can make one) comes
+    # back as it was given, as from a plain journal.
+    odd = ev.NoticeAdded(run_id="run-B", text="about run-B and run-A and run-B again")
+    packed = codec.pack(odd, "run-A")
+    assert packed[2] == 1 and codec.decode(packed, "run-A") == odd
+
+
+def test_a_frame_that_claims_too_much_or_has_bytes_after_it_is_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    event = ev.NoticeAdded(run_id=RID, text="x" * 5000)
+    packed = codec.pack(event, RID)
+    with pytest.raises(JournalCorrupt, match="unused data"):
+        codec.decode(packed + b"junk", RID)
+    monkeypatch.setattr(codec, "MAX_PACKED", 4000)
+    with pytest.raises(JournalCorrupt, match="claims 50"):
+        codec.decode(packed, RID)  # what a forged frame could claim is never allocated
+    assert codec.pack(event, RID) == codec.encode(event)  # bigger ones are stored plain
+
+
+def test_too_deep_a_record_is_journal_corrupt_and_too_deep_an_event_a_journal_error(
+        tmp_path: Path) -> None:
+    deep = b"\x81\xa1a" * 100_000 + b"\xc0"
+    with pytest.raises(JournalCorrupt, match="nested too deeply"):
+        codec.decode(b"\x85\xa4type\xaecall.succeeded\xa6run_id\xa1r\xacexecution_id\xa1e"
+                     b"\xa7attempt\x01\xa7content" + deep, "r")
+    nested: object = "x"
+    for _ in range(100_000):
+        nested = [nested]
+    for compress in (False, True):
+        with LmdbJournal(tmp_path / f"j{compress}", compress=compress) as j:
+            with pytest.raises(bl.JournalError, match="cannot be stored"):
+                j.append("r", 0, [ev.CallSucceeded(run_id="r", execution_id="e", attempt=1,
+                                                   content=nested)])
+            assert list(j.runs()) == []
+
+
+def test_threads_pack_at_once_without_mixing_records() -> None:
+    events = [ev.CallSucceeded(run_id=f"{i:032x}", execution_id=f"{i:032x}:1:0", attempt=1,
+                               content=[f"result {i}"] * (i % 7)) for i in range(400)]
+    out: dict[int, list[bytes]] = {}
+
+    def work(k: int) -> None:
+        out[k] = [codec.pack(e, e.run_id) for e in events]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for packed in out.values():
+        assert [codec.decode(p, e.run_id) for p, e in zip(packed, events, strict=True)] \
+            == events
+
+
+# -- journals -------------------------------------------------------------------------------
+@bl.tool(read_only=True, idempotent=True)
+def search(query: str) -> list[str]:
+    """Search."""
+    return [f"found {query}", "and more"]
+
+
+def _script(n: int) -> bl.ScriptedModel:
+    return bl.ScriptedModel([bl.CallTools([bl.ToolCall(f"c{i}", "search", {"query": f"q{i}"})],
+                                          usage=bl.Usage(input_tokens=100, output_tokens=20))
+                             for i in range(n)] + [bl.Final("done")])
+
+
+def _format(path: Path) -> int:
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(b"format", db=env.open_db(b"meta", txn=txn, create=False))
+        assert raw is not None
+        return int.from_bytes(raw, "big")
+    finally:
+        env.close()
+
+
+def _pages(path: Path) -> int:
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=8)
+    try:
+        with env.begin() as txn:
+            st_ = txn.stat(env.open_db(b"events", txn=txn, create=False))
+        return int(st_["psize"] * (st_["leaf_pages"] + st_["branch_pages"]
+                                   + st_["overflow_pages"]))
+    finally:
+        env.close()
+
+
+def _facts(event: ev.Event) -> dict[str, object]:
+    """An event without what differs between two runs of the same script in two journals
+    (times, owner, digests under each journal's key)."""
+    out = msgspec.to_builtins(event)
+    for name in ("ts", "elapsed_s", "latency_s", "owner", "digest"):  # digests are keyed
+        out.pop(name, None)
+    return out  # type: ignore[no-any-return]
+
+
+def _runs(path: Path, n: int, **kw: object) -> list[bl.RunResult]:
+    with bl.Runner(path, sync=False, **kw) as runner:  # type: ignore[arg-type]
+        return [runner.run(model=_script(5), tools=[search], prompt="go",
+                           budget=bl.Budget(max_model_steps=7), run_id=f"{i:032x}")
+                for i in range(n)]
+
+
+def test_a_compressed_journal_holds_the_same_runs_in_about_half_the_pages(
+        tmp_path: Path) -> None:
+    plain, packed = _runs(tmp_path / "plain", 40), _runs(tmp_path / "packed", 40,
+                                                         compress=True)
+    for a, b in zip(plain, packed, strict=True):
+        assert (a.status, a.tool_calls, a.transcript) == (b.status, b.tool_calls, b.transcript)
+    assert _format(tmp_path / "plain") == chain.FORMAT == 2
+    assert _format(tmp_path / "packed") == chain.COMPRESSED == 3
+    with LmdbJournal(tmp_path / "plain", readonly=True) as p, \
+            LmdbJournal(tmp_path / "packed", readonly=True) as c:
+        for r in p.runs():
+            assert [_facts(e) for e in p.events(r)] == [_facts(e) for e in c.events(r)]
+            assert bl.replay(c.events(r)).status == "final"
+    assert _pages(tmp_path / "packed") < 0.6 * _pages(tmp_path / "plain")
+    env = lmdb.open(str(tmp_path / "packed"), readonly=True, lock=False, max_dbs=8)
+    with env.begin() as txn:
+        bodies = [v[chain.LINK_SIZE:] for _, v in
+                  txn.cursor(env.open_db(b"events", txn=txn, create=False))]
+    env.close()
+    assert len(bodies) == 40 * 40 and all(b[0] == codec.MARK for b in bodies)
+
+
+def test_a_format_2_journal_is_upgraded_in_place_by_a_compressing_writer(
+        tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    first = _runs(path, 3)
+    assert _format(path) == 2
+    with LmdbJournal(path, readonly=True, compress=True) as j:  # a reader never stamps
+        assert len(list(j.events(first[0].run_id))) > 0
+    assert _format(path) == 2
+    with bl.Runner(path, sync=False, compress=True) as runner:
+        later = runner.run(model=_script(2), tools=[search], prompt="go")
+        for r in [*first, later]:
+            assert bl.replay(runner.journal.events(r.run_id)).status == "final"
+    assert _format(path) == 3
+    # Writers that do not compress keep the format (it never goes back) and read both.
+    with bl.Runner(path, sync=False) as runner:
+        assert bl.replay(runner.journal.events(later.run_id)).status == "final"
+        assert runner.run(model=_script(1), tools=[search], prompt="go").status == "final"
+    assert _format(path) == 3
+    done = _cli("verify", path)
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 5, done
+
+
+def test_a_boundloop_that_reads_format_2_only_refuses_a_compressed_journal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "j"
+    _runs(path, 1, compress=True)
+    monkeypatch.setattr(chain, "READS", (2,))
+    monkeypatch.setattr(chain, "COMPRESSED", 2)
+    with pytest.raises(JournalUnavailable, match="record format 3.*upgrade boundloop"):
+        LmdbJournal(path, readonly=True)
+
+
+def test_one_process_cannot_open_a_journal_both_ways(tmp_path: Path) -> None:
+    with bl.Runner(tmp_path / "j", compress=True), \
+            pytest.raises(bl.ConfigError, match="compress=True"):
+        lmdb_journal.acquire(tmp_path / "j")
+
+
+def test_a_damaged_compressed_record_is_refused_naming_its_run_and_seq(
+        tmp_path: Path) -> None:
+    path = tmp_path / "j"
+    [result] = _runs(path, 1, compress=True)
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"events", txn=txn, create=False)
+        key = result.run_id.encode() + b"\x00" + (5).to_bytes(8, "big")
+        value = bytearray(txn.get(key, db=db))
+        assert value[chain.LINK_SIZE] == codec.MARK
+        value[-3] ^= 0x01
+        txn.put(key, bytes(value), db=db)
+    env.close()
+    with LmdbJournal(path, readonly=True) as j, pytest.raises(chain.ChainError) as caught:
+        list(j.events(result.run_id))
+    assert (caught.value.run_id, caught.value.seq) == (result.run_id, 5)
+    done = _cli("verify", path)
+    assert done.returncode == 1 and "DAMAGED seq 5" in done.stdout
+
+
+def _cli(command: str, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "boundloop", "--journal", str(path), command],
+                          capture_output=True, text=True, timeout=60)
