@@ -179,6 +179,9 @@ class Runner:
             raise ConfigError(f"max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
         if supervisors < 1:
             raise ConfigError("supervisors must be at least 1")
+        for flag, given in (("read_only", read_only), ("sync", sync), ("compress", compress)):
+            if not isinstance(given, bool):
+                raise ConfigError(f"{flag} must be True or False, got {given!r}")
         for name, value in (("model_threads", model_threads), ("tool_threads", tool_threads),
                             ("max_threads", max_threads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -273,6 +273,12 @@ def test_a_boundloop_that_reads_format_2_only_refuses_a_compressed_journal(
         LmdbJournal(path, readonly=True)
 
 
+def test_compress_must_be_true_or_false(tmp_path: Path) -> None:
+    with pytest.raises(bl.ConfigError, match="compress must be True or False, got 'no'"):
+        bl.Runner(tmp_path / "j", compress="no")  # type: ignore[arg-type]
+    assert not (tmp_path / "j").exists()
+
+
 def test_one_process_cannot_open_a_journal_both_ways(tmp_path: Path) -> None:
     with bl.Runner(tmp_path / "j", compress=True), \
             pytest.raises(bl.ConfigError, match="compress=True"):
