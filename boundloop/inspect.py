@@ -171,7 +171,7 @@ def load_events(path: str | os.PathLike[str]) -> list[ev.Event]:
             raws = _raw_list.decode(data)
         except msgspec.DecodeError as exc:
             raise JournalCorrupt(f"{p}: not a msgpack array of events ({exc})") from None
-        return [codec.decode(raw, "") for raw in raws]  # a cut-out run id cannot be known
+        return [codec.decode(raw) for raw in raws]
     out: list[ev.Event] = []
     for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():

@@ -143,9 +143,9 @@ class Runner:
         price: a price table for metering cost.
         sync: fsync every journal commit (ignored when a Journal is given).
         compress: store the journal's events compressed (ignored when a Journal is given):
-            about half the pages per round; the journal becomes record format 3, which a
-            boundloop that does not compress cannot read, and its files no longer hold each
-            event's msgpack bytes as they are (see the README's "Journal size").
+            about half the pages per round; the journal becomes record format 3, which
+            versions of boundloop without ``compress`` refuse, and its files no longer hold
+            each event's msgpack bytes as they are (see the README's "Journal size").
         clock: the clock (a FakeClock in tests of time).
         lease_s: how long this runner's ownership of its runs lasts without renewal.
         telemetry: spans and metrics of SPEC 11 through the OpenTelemetry API (default: a

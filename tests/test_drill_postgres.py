@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3: pip install "
-                                      "'boundloop[postgres]'")
+psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3: pip "
+                                                "install 'boundloop[postgres]'")
 
 from pg_server import PgServer  # noqa: E402
 
@@ -86,6 +86,21 @@ def test_four_workers_killed_frozen_and_the_server_crash_restarted(pg: PgServer,
     assert url.endswith("/" + report["database"])
     runs = _runs_in(url)
     assert len(runs) == 40 and {status for _, status in runs} == {"final"}
+
+
+@pytest.mark.timeout(120)
+def test_the_drill_on_postgresql_with_the_records_compressed(pg: PgServer,
+                                                             tmp_path: Path) -> None:
+    report = drill(tmp_path, "--journal", pg.url(), "--workers", "2", "--runs", "8",
+                   "--kills", "3", "--seed", "5", "--compress")
+    assert report["compress"] is True and report["faults_injected"] >= 1
+    assert_invariants(report)
+    assert report["ok"] is True
+    with psycopg.connect(pg.url(dbname=report["database"]), autocommit=True) as conn:
+        [(fmt,)] = conn.execute("SELECT value FROM boundloop_meta WHERE key = 'format'")
+        bodies = [bytes(b) for (b,) in conn.execute("SELECT body FROM boundloop_events")]
+    assert bytes(fmt) == (3).to_bytes(4, "big")
+    assert len(bodies) > 8 * 10 and all(b[0] == 0xC1 for b in bodies)
 
 
 @pytest.mark.timeout(120)

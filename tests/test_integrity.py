@@ -244,14 +244,20 @@ def test_a_gap_a_moved_record_and_a_swapped_record_are_caught(
         assert [s for s, _ in j.read(a, after=4)] == list(range(5, len(recs[a]) + 1))
 
 
+@pytest.mark.parametrize("forged", [
+    msgspec.msgpack.encode({"type": "model.started", "step": "not a number"}),
+    b"\xc1\x01\x00" + b"not a zstd frame at all",  # compressed: does not decompress
+    b"\xc1\x01\x00" + codec._compressor().compress(msgspec.msgpack.encode([1, 2, 3])),
+])  # ... and decompresses to something that is not an event
 def test_a_record_that_does_not_decode_is_corrupt_even_with_a_valid_chain(
-        journal: tuple[Path, list[str]]) -> None:
-    """A msgspec ValidationError (valid msgpack, not an event) is JournalCorrupt, never raw."""
+        journal: tuple[Path, list[str]], forged: bytes) -> None:
+    """A msgspec ValidationError (valid msgpack, not an event) or a compressed body that does
+    not decompress to an event is JournalCorrupt, never raw."""
     path, ids = journal
     run_id = ids[0]
     recs = records(path, run_id)
     bodies = [v[chain.LINK_SIZE:] for _, v in recs]
-    bodies[1] = msgspec.msgpack.encode({"type": "model.started", "step": "not a number"})
+    bodies[1] = forged
     prev = chain.seed(run_id)
     values = []
     for body in bodies:

@@ -107,6 +107,13 @@ class TestPostgresJournalCompressed(TestPostgresJournal):
     def make_journal(self, path: Path) -> PostgresJournal:
         return PostgresJournal(self.url, schema=schema_for(path), compress=True)
 
+    def test_the_records_are_stored_compressed(self, path: Path) -> None:
+        with self.make_journal(path) as j:
+            j.append("run-compressed", 0, several("run-compressed"))
+        rows = _sql(self.url, f'SELECT body FROM "{schema_for(path)}".boundloop_events')
+        assert len(rows) == len(several("x")) and all(bytes(b)[0] == codec.MARK
+                                                     for (b,) in rows)
+
 
 def _format(url: str, schema: str) -> int:
     [(raw,)] = _sql(url, f"SELECT value FROM \"{schema}\".boundloop_meta WHERE key = 'format'")

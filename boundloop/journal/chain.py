@@ -3,8 +3,8 @@
 Record format (journal formats 2 and 3). Every event of a run is stored under the key
 ``run id || NUL || seq`` (seq a big-endian u64, dense from 1) as
 
-    value = link (32 bytes) || body (the event's stored bytes, as ``codec.encode`` made them:
-            its msgpack bytes, or their compressed form, see ``boundloop.journal.codec``)
+    value = link (32 bytes) || body (the event's stored bytes: its msgpack bytes as
+            ``codec.encode`` makes them, or their compressed form, ``codec.pack``)
 
 where ``link_n = BLAKE2b-256(link_{n-1} || body_n)`` and ``link_0 = seed(run id)``, a BLAKE2b-256
 of a fixed label and the run id, so a record moved to another run, to another position, or out

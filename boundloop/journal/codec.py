@@ -11,9 +11,10 @@ and shapes every run repeats) holds the msgpack bytes with the run id cut out wh
 occurs (at most 255 places, each at most 0xFFFF bytes in; any later ones stay in); the
 places say where to put it back (the run id is in the record's key, so a reader has it).
 0xC1 is the one byte msgpack never uses, so the two forms cannot be mistaken for each other,
-and ``decode`` reads both. Measured on a W1 round (``python bench/run.py``): its eight bodies
-take ~490 bytes instead of ~1,700, for ~5 µs of CPU per event packed and ~3 µs per event
-decoded.
+and ``decode`` reads both. Measured on the events of ``bench/loop.py``'s W1 runs: a round's
+eight bodies take ~500 bytes instead of ~1,700 (its B-tree pages, which ``python
+bench/run.py`` reports, ~1,300 instead of ~2,600), for ~5 µs of CPU per event packed and
+~3 µs per event decoded.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ from __future__ import annotations
 import itertools
 import struct
 import threading
+from collections.abc import Sequence
 
 import msgspec
 import zstandard
 
-from boundloop.errors import JournalCorrupt
+from boundloop.errors import JournalCorrupt, JournalError
 from boundloop.events import AnyEvent, Event
 from boundloop.journal import _dictionary
 
@@ -39,6 +41,8 @@ _MARK_BYTE = bytes((MARK,))
 DICTIONARY_ID = 1
 #: Bodies shorter than this are stored as they are: a frame would not be shorter.
 _MIN_SIZE = 24
+#: Run ids this long or shorter are not cut out (a place costs 2 bytes).
+_MIN_CUT = 4
 #: Largest body that is compressed: a bigger one is stored plain, so a frame that claims more
 #: is damaged or forged, and reading one never allocates more than this.
 MAX_PACKED = 64 << 20
@@ -48,10 +52,13 @@ MAX_PACKED = 64 << 20
 _PARAMS = zstandard.ZstdCompressionParameters.from_level(
     1, format=zstandard.FORMAT_ZSTD1_MAGICLESS, write_content_size=1, write_checksum=0,
     write_dict_id=0)
-_DICTIONARIES = {1: zstandard.ZstdCompressionDict(_dictionary.V1,
-                                                  dict_type=zstandard.DICT_TYPE_RAWCONTENT)}
-_DICTIONARIES[DICTIONARY_ID].precompute_compress(compression_params=_PARAMS)
-_CUTS = [struct.Struct(f">{n}H") for n in range(256)]
+#: The bytes of every dictionary ever used, by id.
+_RAW = {1: _dictionary.V1}
+# Made on first use (``_dictionary_of``): a journal that never compresses pays nothing for them
+# (making them costs ~2 ms at import).
+_DICTIONARIES: dict[int, zstandard.ZstdCompressionDict] = {}
+_made_lock = threading.Lock()
+_FORMATS = [f">{n}H" for n in range(256)]
 _HEADS = [bytes((MARK, DICTIONARY_ID, n)) for n in range(256)]
 # zstd contexts are not safe to share between threads: each thread makes its own.
 _local = threading.local()
@@ -61,8 +68,20 @@ _local = threading.local()
 encode = _encoder.encode
 
 
+def _dictionary_of(number: int) -> zstandard.ZstdCompressionDict:
+    with _made_lock:
+        made = _DICTIONARIES.get(number)
+        if made is None:
+            made = zstandard.ZstdCompressionDict(_RAW[number],
+                                                 dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+            if number == DICTIONARY_ID:
+                made.precompute_compress(compression_params=_PARAMS)
+            _DICTIONARIES[number] = made
+        return made
+
+
 def _compressor() -> zstandard.ZstdCompressor:
-    made = zstandard.ZstdCompressor(dict_data=_DICTIONARIES[DICTIONARY_ID],
+    made = zstandard.ZstdCompressor(dict_data=_dictionary_of(DICTIONARY_ID),
                                     compression_params=_PARAMS)
     _local.compressor = made
     return made
@@ -71,12 +90,12 @@ def _compressor() -> zstandard.ZstdCompressor:
 def _decompressor(dictionary: int) -> zstandard.ZstdDecompressor:
     made: dict[int, zstandard.ZstdDecompressor] = _local.__dict__.setdefault("decompressors", {})
     if dictionary not in made:
-        if dictionary not in _DICTIONARIES:
+        if dictionary not in _RAW:
             raise JournalCorrupt(f"undecodable journal event (compressed with dictionary "
                                  f"{dictionary}, which this version does not know); the "
                                  "journal may come from a newer boundloop or be damaged")
         made[dictionary] = zstandard.ZstdDecompressor(
-            dict_data=_DICTIONARIES[dictionary], format=zstandard.FORMAT_ZSTD1_MAGICLESS)
+            dict_data=_dictionary_of(dictionary), format=zstandard.FORMAT_ZSTD1_MAGICLESS)
     return made[dictionary]
 
 
@@ -95,7 +114,8 @@ def pack(event: Event, run_id: str) -> bytes:
     # The run id is in the record's key already: cut it out wherever it occurs (the event's
     # own field, execution ids), noting where, so it costs 2 bytes a time instead of ~32.
     rid = run_id.encode()
-    parts = data.split(rid) if rid else [data]
+    # A cut costs 2 bytes: an id that short is left where it is.
+    parts = data.split(rid) if len(rid) > _MIN_CUT else [data]
     if len(parts) == 1:
         head, content = _HEADS[0], data
     else:
@@ -104,13 +124,28 @@ def pack(event: Event, run_id: str) -> bytes:
             content = b"".join(parts)
         else:
             cuts, content = _cut(data, rid)
-        head = _HEADS[len(cuts)] + _CUTS[len(cuts)].pack(*cuts)
+        head = _HEADS[len(cuts)] + struct.pack(_FORMATS[len(cuts)], *cuts)
     try:
         compressor = _local.compressor
     except AttributeError:
         compressor = _compressor()
     packed = head + compressor.compress(content)
     return packed if len(packed) < len(data) else data
+
+
+def stored(events: Sequence[Event], run_id: str, compress: bool) -> list[bytes]:
+    """The stored bodies of ``events`` appended to run ``run_id``: ``pack``'s when
+    ``compress``, else ``encode``'s (what every backend stores).
+
+    Raises:
+        JournalError: an event holds a value msgpack cannot store (too big an int, nested
+            too deeply, ...).
+    """
+    try:
+        return [pack(e, run_id) for e in events] if compress else [encode(e) for e in events]
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise JournalError(f"an event of run {run_id!r} cannot be stored "
+                           f"({type(exc).__name__}: {exc})") from None
 
 
 def _cut(data: bytes, rid: bytes) -> tuple[list[int], bytes]:
@@ -129,9 +164,9 @@ def _cut(data: bytes, rid: bytes) -> tuple[list[int], bytes]:
     return cuts, b"".join(parts)
 
 
-def plain(data: bytes, run_id: str) -> bytes:
+def plain(data: bytes, run_id: str | None = None) -> bytes:
     """The msgpack bytes of a stored body of run ``run_id`` (the body itself unless it is
-    compressed).
+    compressed; see ``decode`` for ``run_id``).
 
     Raises:
         JournalCorrupt: a compressed body that does not decompress, or that leaves out a
@@ -147,7 +182,7 @@ def plain(data: bytes, run_id: str) -> bytes:
     begin = 3 + 2 * count
     frame = data[begin:]
     try:
-        cuts = _CUTS[count].unpack(data[3:begin])
+        cuts = struct.unpack(_FORMATS[count], data[3:begin])
         size = zstandard.frame_content_size(b"\x28\xb5\x2f\xfd" + frame[:17])
         if not 0 <= size <= MAX_PACKED:
             raise zstandard.ZstdError(f"the frame claims {size} bytes")
@@ -173,9 +208,9 @@ def plain(data: bytes, run_id: str) -> bytes:
     return b"".join(parts)
 
 
-def decode(data: bytes, run_id: str) -> Event:
-    """The event stored as ``data`` in run ``run_id`` (a stored body may leave the run id
-    out: it is in the record's key).
+def decode(data: bytes, run_id: str | None = None) -> Event:
+    """The event stored as ``data`` in run ``run_id`` (a compressed body may leave the run
+    id out, since it is in the record's key: without ``run_id`` such a body is refused).
 
     Raises:
         JournalCorrupt: the bytes are not an event this version knows.

@@ -5,7 +5,8 @@ batched into its next transaction, so concurrent runs share one fsync (group com
 Readers use their own read transactions from any thread.
 
 Integrity (SPEC 6). Tables: ``events`` (key ``run id || NUL || seq`` as a big-endian u64,
-value ``link || msgpack event``: see ``boundloop.journal.chain``), ``runs`` (a run's index
+value ``link || stored event``, its msgpack bytes or their compressed form: see
+``boundloop.journal.chain`` and ``codec``), ``runs`` (a run's index
 entry: its RunInfo and the head of its chain, behind a checksum), ``order``, ``open``,
 ``owners`` (checksummed too) and ``meta`` (``format``: the record format, 2, or 3 once a
 writer with ``compress=True`` opened it). Every read
@@ -619,8 +620,9 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         path: the journal directory.
         sync: fsync every commit (the default; False trades durability for speed).
         compress: store events compressed (``codec.pack``: about half the pages of a plain
-            journal; the journal becomes record format 3, which a boundloop that does not
-            compress cannot read, and its files no longer hold each event's msgpack bytes).
+            journal; the journal becomes record format 3, which versions of boundloop
+            without ``compress`` refuse, and its files no longer hold each event's msgpack
+            bytes as they are).
         map_size: the initial map size in bytes; it doubles when the data nears it.
         max_map_size: the map never grows past this; a full journal fails closed.
         max_readers: concurrent read transactions across every process sharing the journal.
@@ -1011,12 +1013,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             events = list(events)
             # Encoded here, in the caller's thread: the writer only writes, and an event
             # that cannot be stored fails its own append, never the writer.
-            try:
-                encoded = [codec.pack(e, run_id) for e in events] if self.compress \
-                    else [codec.encode(e) for e in events]
-            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-                raise JournalError(f"an event of run {run_id!r} cannot be stored "
-                                   f"({type(exc).__name__}: {exc})") from None
+            encoded = codec.stored(events, run_id, self.compress)
             return _Request(run_id, expected_seq, events, encoded, done, fence)
         except Exception as exc:
             with contextlib.suppress(Exception):  # a callback must not stop the others

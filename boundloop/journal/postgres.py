@@ -650,12 +650,21 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         raw = conn.execute(self._sql(query)).fetchone()
         version = None if raw is None or len(raw[0]) != 4 else int.from_bytes(raw[0], "big")
         if version not in chain.READS:
+            newer = version is not None and version > chain.COMPRESSED
             raise JournalUnavailable(f"the journal in {self.name} has record format "
                                      f"{version}, and this boundloop reads formats "
-                                     f"{', '.join(map(str, chain.READS))} only")
+                                     f"{', '.join(map(str, chain.READS))} only"
+                                     + (": upgrade boundloop to read it" if newer else ""))
         if version < self._format and not self.readonly:
-            conn.execute(self._sql("UPDATE @.boundloop_meta SET value = %s WHERE key = "
-                                   "'format'"), (self._format.to_bytes(4, "big"),))
+            try:
+                conn.execute(self._sql("UPDATE @.boundloop_meta SET value = %s WHERE key = "
+                                       "'format'"), (self._format.to_bytes(4, "big"),))
+            except psycopg.errors.InsufficientPrivilege as exc:
+                raise JournalUnavailable(
+                    f"cannot mark the journal in {self.name} as holding compressed records "
+                    f"(record format {self._format}): {exc}; grant this role UPDATE on "
+                    "boundloop_meta, or open it once with compress=True as its owner") \
+                    from None
 
     def _check_schema(self, conn: Any) -> None:
         """A read-only open: the tables must be there, at this version."""
@@ -845,12 +854,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
         try:
             check_run_id(run_id)
             events = list(events)
-            try:
-                encoded = [codec.pack(e, run_id) for e in events] if self.compress \
-                    else [codec.encode(e) for e in events]
-            except (TypeError, ValueError, OverflowError, RecursionError) as exc:
-                raise JournalError(f"an event of run {run_id!r} cannot be stored "
-                                   f"({type(exc).__name__}: {exc})") from None
+            encoded = codec.stored(events, run_id, self.compress)
             request = _Request(run_id, expected_seq, events, encoded, done, fence)
             with self._lock:  # close() cannot slip in between the check and the put
                 self._usable(write=True)

@@ -5,7 +5,7 @@
 The dictionary is a "raw content" one: the msgpack bytes of one made-up run's events (with
 the run id cut out, as ``codec.pack`` cuts it before compressing), so a stored record
 refers back to the field names, tags and shapes every run repeats instead of spelling them
-out again (a W1 round's bodies shrink from ~1,700 to ~530 bytes). Events that
+out again (a W1 round's bodies shrink from ~1,700 to ~500 bytes). Events that
 occur once a run come first and the ones of every round last (zstd reaches recent bytes most
 cheaply). The values are generic (a ``search`` tool, a question, a few tokens), not those of
 any benchmark.
