@@ -497,7 +497,10 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
         with lock:
             wait_all(list(resumed))
         settled()
-    print(f"bye {time.time():.6f}", flush=True)  # the moment it left, for the takeovers
+        # Closing gives up the runs still open here (the owner record goes): another
+        # worker's claim from now on is of a runner that left, not of a frozen one.
+        print(f"leaving {time.time():.6f}", flush=True)
+    print(f"bye {time.time():.6f}", flush=True)
 
 
 def _worker_main(argv: list[str]) -> None:
@@ -567,6 +570,18 @@ class _Life(msgspec.Struct):
             if len(words) >= 3 and words[0] == "ready":
                 self.owner, self.ready_at = words[1], float(words[2])
         return bool(self.owner)
+
+    def left_at(self) -> float:
+        """When the worker began to leave (it printed ``leaving``, else ``bye``), 0.0 when it
+        never did (killed, or still running)."""
+        try:
+            words = self.out.read_text().split()
+        except OSError:
+            return 0.0
+        for word in ("leaving", "bye"):
+            if word in words[:-1]:
+                return float(words[words.index(word) + 1])
+        return 0.0
 
     def able(self) -> list[tuple[float, float]]:
         """The stretches of time in which this worker could take runs over: ready, not
@@ -1205,9 +1220,8 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
         else []
     for life in lives:
         life.ready()  # read the owner id every worker printed, and when it left
-        words = life.out.read_text().split() if life.out.exists() else []
-        if "bye" in words and not life.killed_at:
-            life.exited_at = float(words[words.index("bye") + 1])
+        if not life.killed_at and life.left_at():
+            life.exited_at = life.left_at()
     life_of = {life.owner: life for life in lives if life.owner}
     life_by_name = {life.name: life for life in lives}
     owner_of = {life.name: life.owner for life in lives}

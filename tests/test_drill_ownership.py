@@ -180,3 +180,24 @@ def test_a_woken_runner_starts_no_attempt_of_a_run_claimed_meanwhile(tmp_path: P
 
 if __name__ == "__main__" and sys.argv[1:2] == ["zombie-worker"]:
     _zombie_worker(*sys.argv[2:5])
+
+
+def test_a_worker_that_woke_and_left_is_counted_as_gone_from_when_it_began_leaving(
+        tmp_path: Path) -> None:
+    # Closing removes the owner record before the process is gone: a claim in between,
+    # within a lease of the worker's last pause, is a takeover after an exit, not after a
+    # pause (on one pid namespace a frozen worker is never taken over).
+    from boundloop import events as ev
+    from boundloop.drill import DrillReport, _Life, _takeover
+
+    out = tmp_path / "w1.out"
+    out.write_text("ready o1 1.0\nidle\nleaving 12.5\nbye 12.9\n")
+    life = _Life("w1", 0, [], None, out, tmp_path / "w1.err", pauses=[[10.0, 12.0]])
+    assert life.ready() and life.owner == "o1" and life.left_at() == 12.5
+    life.exited_at = life.left_at()
+    report = DrillReport(1, lease_s=1.0)
+    claim = ev.OwnerClaimed(run_id="r", owner="o2", epoch=2, ts=12.7)
+    record = _takeover(report, [], {"o1": life}, "person", "o1", claim)
+    assert record["cause"] == "exit" and report.takeovers_after_pause == 0
+    out.write_text("ready o1 1.0\nidle\n")  # killed before it left: no time to read
+    assert _Life("w1", 0, [], None, out, tmp_path / "e").left_at() == 0.0
