@@ -1220,8 +1220,9 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
         else []
     for life in lives:
         life.ready()  # read the owner id every worker printed, and when it left
-        if not life.killed_at and life.left_at():
-            life.exited_at = life.left_at()
+        left = 0.0 if life.killed_at else life.left_at()
+        if left:
+            life.exited_at = left
     life_of = {life.owner: life for life in lives if life.owner}
     life_by_name = {life.name: life for life in lives}
     owner_of = {life.name: life.owner for life in lives}

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lmdb
 from crash_worker import RUN_ID, ledger_lines, make_tools, model_for
+from raw_journal import stored_bodies, stored_format
 
 import boundloop as bl
 
@@ -83,15 +83,8 @@ def test_a_short_drill_passes_with_the_records_compressed(tmp_path: Path) -> Non
     assert report["crashes_injected"] >= 2 and report["runs_not_final"] == 0
     assert report["duplicate_executions"] == 0 and report["executed_without_intent"] == 0
     assert report["unresolved_missed"] == 0 and report["replay_mismatches"] == 0
-    env = lmdb.open(str(tmp_path / "drill" / "journal"), readonly=True, lock=False, max_dbs=8)
-    try:
-        with env.begin() as txn:
-            assert txn.get(b"format", db=env.open_db(b"meta", txn=txn, create=False)) \
-                == (3).to_bytes(4, "big")
-            bodies = [v[32:] for _, v in txn.cursor(env.open_db(b"events", txn=txn,
-                                                                create=False))]
-    finally:
-        env.close()
+    assert stored_format(tmp_path / "drill" / "journal") == 3
+    bodies = stored_bodies(tmp_path / "drill" / "journal")
     assert len(bodies) > 16 * 10 and all(b[0] == 0xC1 for b in bodies)
 
 

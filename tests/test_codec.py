@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from journal_contract import several
+from raw_journal import event_pages, stored_bodies, stored_format
 
 import boundloop as bl
 from boundloop import events as ev
@@ -199,28 +200,6 @@ def _script(n: int) -> bl.ScriptedModel:
                              for i in range(n)] + [bl.Final("done")])
 
 
-def _format(path: Path) -> int:
-    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=8)
-    try:
-        with env.begin() as txn:
-            raw = txn.get(b"format", db=env.open_db(b"meta", txn=txn, create=False))
-        assert raw is not None
-        return int.from_bytes(raw, "big")
-    finally:
-        env.close()
-
-
-def _pages(path: Path) -> int:
-    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=8)
-    try:
-        with env.begin() as txn:
-            st_ = txn.stat(env.open_db(b"events", txn=txn, create=False))
-        return int(st_["psize"] * (st_["leaf_pages"] + st_["branch_pages"]
-                                   + st_["overflow_pages"]))
-    finally:
-        env.close()
-
-
 def _facts(event: ev.Event) -> dict[str, object]:
     """An event without what differs between two runs of the same script in two journals
     (times, owner, digests under each journal's key)."""
@@ -237,25 +216,21 @@ def _runs(path: Path, n: int, **kw: object) -> list[bl.RunResult]:
                 for i in range(n)]
 
 
-def test_a_compressed_journal_holds_the_same_runs_in_about_half_the_pages(
+def test_a_compressed_journal_holds_the_same_runs_in_about_half_theevent_pages(
         tmp_path: Path) -> None:
     plain, packed = _runs(tmp_path / "plain", 40), _runs(tmp_path / "packed", 40,
                                                          compress=True)
     for a, b in zip(plain, packed, strict=True):
         assert (a.status, a.tool_calls, a.transcript) == (b.status, b.tool_calls, b.transcript)
-    assert _format(tmp_path / "plain") == chain.FORMAT == 2
-    assert _format(tmp_path / "packed") == chain.COMPRESSED == 3
+    assert stored_format(tmp_path / "plain") == chain.FORMAT == 2
+    assert stored_format(tmp_path / "packed") == chain.COMPRESSED == 3
     with LmdbJournal(tmp_path / "plain", readonly=True) as p, \
             LmdbJournal(tmp_path / "packed", readonly=True) as c:
         for r in p.runs():
             assert [_facts(e) for e in p.events(r)] == [_facts(e) for e in c.events(r)]
             assert bl.replay(c.events(r)).status == "final"
-    assert _pages(tmp_path / "packed") < 0.6 * _pages(tmp_path / "plain")
-    env = lmdb.open(str(tmp_path / "packed"), readonly=True, lock=False, max_dbs=8)
-    with env.begin() as txn:
-        bodies = [v[chain.LINK_SIZE:] for _, v in
-                  txn.cursor(env.open_db(b"events", txn=txn, create=False))]
-    env.close()
+    assert event_pages(tmp_path / "packed") < 0.6 * event_pages(tmp_path / "plain")
+    bodies = stored_bodies(tmp_path / "packed")
     assert len(bodies) == 40 * 40 and all(b[0] == codec.MARK for b in bodies)
 
 
@@ -263,20 +238,20 @@ def test_a_format_2_journal_is_upgraded_in_place_by_a_compressing_writer(
         tmp_path: Path) -> None:
     path = tmp_path / "j"
     first = _runs(path, 3)
-    assert _format(path) == 2
+    assert stored_format(path) == 2
     with LmdbJournal(path, readonly=True, compress=True) as j:  # a reader never stamps
         assert len(list(j.events(first[0].run_id))) > 0
-    assert _format(path) == 2
+    assert stored_format(path) == 2
     with bl.Runner(path, sync=False, compress=True) as runner:
         later = runner.run(model=_script(2), tools=[search], prompt="go")
         for r in [*first, later]:
             assert bl.replay(runner.journal.events(r.run_id)).status == "final"
-    assert _format(path) == 3
+    assert stored_format(path) == 3
     # Writers that do not compress keep the format (it never goes back) and read both.
     with bl.Runner(path, sync=False) as runner:
         assert bl.replay(runner.journal.events(later.run_id)).status == "final"
         assert runner.run(model=_script(1), tools=[search], prompt="go").status == "final"
-    assert _format(path) == 3
+    assert stored_format(path) == 3
     done = _cli("verify", path)
     assert done.returncode == 0 and len(done.stdout.splitlines()) == 5, done
 

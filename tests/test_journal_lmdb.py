@@ -6,12 +6,12 @@ import os
 import threading
 from pathlib import Path
 
-import lmdb
 import pytest
 from journal_contract import JournalContract, admitted, several, step
+from raw_journal import stored_bodies
 
 import boundloop as bl
-from boundloop.journal import LmdbJournal, chain, codec
+from boundloop.journal import LmdbJournal, codec
 
 
 class TestLmdbJournal(JournalContract):
@@ -35,13 +35,7 @@ class TestLmdbJournalCompressed(JournalContract):
     def test_the_records_are_stored_compressed(self, path: Path) -> None:
         with self.make_journal(path) as j:
             j.append("run-compressed", 0, several("run-compressed"))
-        env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=8)
-        try:
-            with env.begin() as txn:
-                bodies = [v[chain.LINK_SIZE:] for _, v in
-                          txn.cursor(env.open_db(b"events", txn=txn, create=False))]
-        finally:
-            env.close()
+        bodies = stored_bodies(path)
         assert len(bodies) == len(several("x")) and all(b[0] == codec.MARK for b in bodies)
 
 

@@ -1,0 +1,49 @@
+"""What an LMDB journal's files hold, read with py-lmdb itself, beside boundloop (for tests
+of the stored form: the format stamp, the stored bodies, the pages)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lmdb
+
+from boundloop.journal import chain
+
+
+def _env(path: Path) -> lmdb.Environment:
+    return lmdb.open(str(path), readonly=True, lock=False, max_dbs=8)
+
+
+def stored_format(path: Path) -> int:
+    """The record format the journal in ``path`` is stamped with (meta key ``format``)."""
+    env = _env(path)
+    try:
+        with env.begin() as txn:
+            raw = txn.get(b"format", db=env.open_db(b"meta", txn=txn, create=False))
+        assert raw is not None, "the journal has no format stamp"
+        return int.from_bytes(raw, "big")
+    finally:
+        env.close()
+
+
+def stored_bodies(path: Path) -> list[bytes]:
+    """Every stored event body (a record's value without its chain link), in key order."""
+    env = _env(path)
+    try:
+        with env.begin() as txn:
+            db = env.open_db(b"events", txn=txn, create=False)
+            return [bytes(v[chain.LINK_SIZE:]) for _, v in txn.cursor(db)]
+    finally:
+        env.close()
+
+
+def event_pages(path: Path) -> int:
+    """Bytes of B-tree pages (branch, leaf, overflow) of the journal's events table."""
+    env = _env(path)
+    try:
+        with env.begin() as txn:
+            st = txn.stat(env.open_db(b"events", txn=txn, create=False))
+        return int(st["psize"] * (st["leaf_pages"] + st["branch_pages"]
+                                  + st["overflow_pages"]))
+    finally:
+        env.close()
