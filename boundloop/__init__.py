@@ -5,11 +5,13 @@ intent durably before its effect, and can rebuild any run by replaying its event
 """
 
 from boundloop import events
+from boundloop.agent import Agent
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock, FakeClock
 from boundloop.context import ModelContext
 from boundloop.errors import (
     AdmissionError,
+    ApprovalError,
     BoundloopError,
     ConfigError,
     JournalCorrupt,
@@ -22,6 +24,8 @@ from boundloop.errors import (
     UnknownRun,
 )
 from boundloop.events import (
+    ApprovalDecided,
+    ApprovalRequested,
     CallDecided,
     CallDispatched,
     CallFailed,
@@ -41,6 +45,7 @@ from boundloop.events import (
     RoundCompleted,
     RunAdmitted,
     RunFinished,
+    RunRequeued,
     RunResumed,
     UsageCharged,
 )
@@ -65,12 +70,15 @@ from boundloop.results import CompletedAction, RecoveredRun, RunResult, Unresolv
 from boundloop.runner import Runner
 from boundloop.telemetry import Telemetry
 from boundloop.tools import RetryPolicy, Tool, ToolContext, tool
+from boundloop.worker import Worker
 
 __all__ = [
     # running
     "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken", "Telemetry",
     # recovery
     "RecoveredRun",
+    # agents, workers, the queue and approvals
+    "Agent", "Worker",
     # budgets and metering
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
@@ -84,11 +92,12 @@ __all__ = [
     "ModelStepStarted", "ModelStepCompleted", "ModelStepFailed", "NoticeAdded", "UsageCharged",
     "CallDecided", "CallDispatched", "CallSucceeded", "CallFailed", "CallTimedOut",
     "CallOutcomeUnknown", "CallReconciled", "CallSkipped", "CallResolved", "RoundCompleted",
-    "ChildCharged", "OwnerClaimed", "RunResumed", "RunFinished",
+    "ChildCharged", "OwnerClaimed", "RunResumed", "RunFinished", "ApprovalRequested",
+    "ApprovalDecided", "RunRequeued",
     # time
     "Clock", "FakeClock",
     # errors
     "BoundloopError", "ConfigError", "JournalError", "JournalUnavailable", "JournalCorrupt",
     "SequenceConflict", "LeaseLost", "AdmissionError", "UnknownRun", "RecoveryError",
-    "RunnerClosed",
+    "RunnerClosed", "ApprovalError",
 ]

@@ -53,3 +53,8 @@ class RecoveryError(BoundloopError):
 
 class RunnerClosed(BoundloopError):
     """The Runner was closed; create a new one to start runs."""
+
+
+class ApprovalError(RecoveryError):
+    """An approve or deny was refused: the call does not wait for a decision (it was
+    decided already, the run moved on, or no such call waits)."""

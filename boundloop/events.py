@@ -26,7 +26,9 @@ class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):
 
 
 class RunAdmitted(Event, frozen=True, tag="run.admitted"):
-    """A run was admitted: its budget, initial history, tools and owner."""
+    """A run was admitted: its budget, initial history, tools and owner; the agent it runs
+    (name and version, empty for a run of a bare model) and its labels. A ``queued`` run
+    was enqueued: it has no owner (``owner`` is empty) until a worker takes it."""
 
     budget: Budget
     history: list[Message]
@@ -35,6 +37,10 @@ class RunAdmitted(Event, frozen=True, tag="run.admitted"):
     parent_run_id: str | None = None
     parent_step: int | None = None
     parent_execution_id: str | None = None
+    agent: str = ""
+    agent_version: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    queued: bool = False
 
 
 class ModelStepStarted(Event, frozen=True, tag="model.started"):
@@ -100,6 +106,8 @@ class CallDecided(Event, frozen=True, tag="call.decided"):
     irreversible: bool = False
     redacted: bool = False
     validated: dict[str, Any] | None = None
+    #: The call waits for a person's approve or deny before any dispatch (SPEC 14).
+    approval: bool = False
 
 
 class CallDispatched(Event, frozen=True, tag="call.dispatched"):
@@ -178,6 +186,27 @@ class CallResolved(Event, frozen=True, tag="call.resolved"):
     forced: bool = False
 
 
+class ApprovalRequested(Event, frozen=True, tag="approval.requested"):
+    """An accepted call waits for a person: the run's turn ends ``awaiting_approval``."""
+
+    execution_id: str
+    tool: str = ""
+
+
+class ApprovalDecided(Event, frozen=True, tag="approval.decided"):
+    """A person approved (the call may be dispatched) or denied (its result is ``denied``)
+    a call that waited for approval."""
+
+    execution_id: str
+    approved: bool
+    by: str = ""
+    note: str = ""
+
+
+class RunRequeued(Event, frozen=True, tag="run.requeued"):
+    """Every approval the run waited for is decided: it waits for a worker again."""
+
+
 class RoundCompleted(Event, frozen=True, tag="round.completed"):
     """Every call of a step has an outcome; their messages enter the history in model order."""
 
@@ -221,4 +250,5 @@ class RunFinished(Event, frozen=True, tag="run.finished"):
 AnyEvent = (RunAdmitted | ModelStepStarted | ModelStepCompleted | ModelStepFailed | NoticeAdded
             | UsageCharged | CallDecided | CallDispatched | CallSucceeded | CallFailed
             | CallTimedOut | CallOutcomeUnknown | CallReconciled | CallSkipped | CallResolved
-            | RoundCompleted | ChildCharged | OwnerClaimed | RunResumed | RunFinished)
+            | RoundCompleted | ChildCharged | OwnerClaimed | RunResumed | RunFinished
+            | ApprovalRequested | ApprovalDecided | RunRequeued)

@@ -225,6 +225,22 @@ async def _apermits(permit: Permit, calls: list[tuple[ToolCall, Tool]],
     return verdicts
 
 
+def _approvals(rules: list[tuple[Any, ToolCall]], ctx: ModelContext) -> list[bool]:
+    """Each ``needs_approval`` rule's answer for its call; a rule that raises or does not
+    answer a bool asks for approval (fail closed: a person looks rather than nobody)."""
+    out: list[bool] = []
+    for rule, call in rules:
+        try:
+            verdict = rule(call, ctx)
+        except Exception:  # noqa: BLE001 - a failing rule asks a person
+            verdict = True
+        if inspect.iscoroutine(verdict):
+            verdict.close()
+            verdict = True
+        out.append(verdict if isinstance(verdict, bool) else True)
+    return out
+
+
 Effect = Commit | InvokeModel | Dispatch | Reconcile | Ledger | CallUser
 
 
@@ -260,6 +276,10 @@ class RunSpec(msgspec.Struct, kw_only=True):
     loop: asyncio.AbstractEventLoop | None = None
     #: What the run's texts are scrubbed with (SPEC 9); the runner keeps it for a resume.
     scrubber: Scrubber | None = None
+    #: The agent the run runs (SPEC 14: name and version) and the run's labels.
+    agent: str = ""
+    agent_version: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 def content_of(value: Any) -> Any:
@@ -294,6 +314,9 @@ class Driver:
         self.uninvoked = 0  # model steps started but refused before the model was called
         self.started = self.clock.monotonic()
         self.elapsed_before = self.state.elapsed_s
+        if self.state.waiting_since is not None:
+            # The deadline ran on while the run waited for a person (SPEC 14).
+            self.elapsed_before += max(self.clock.time() - self.state.waiting_since, 0.0)
         deadline_s = self.budget.deadline_s
         self.deadline = None if deadline_s is None else \
             self.started + max(deadline_s - self.elapsed_before, 0.0)
@@ -318,6 +341,8 @@ class Driver:
         # text the run journals (a resumed run: see Runner._submit_resume).
         self.scrubber = spec.scrubber if spec.scrubber is not None else \
             Scrubber(spec.secret_key)
+        #: True once the run's last commit gives up its ownership (awaiting approval).
+        self.releasing = False
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -383,8 +408,10 @@ class Driver:
                     self.scrubber.redact(resp.content)[0]
                 event = replace(event, response=replace(resp, calls=calls, content=content))
             case ev.RunAdmitted():
+                labels = self.scrubber.redact(event.labels)[0] if event.labels else {}
                 event = replace(event, history=[self._redact_message(m)
-                                                for m in event.history])
+                                                for m in event.history],
+                                labels={str(k): str(v) for k, v in labels.items()})
             case _:
                 pass
         scrubbed: ev.Event = self.scrubber.struct(event, self._kept)[0]
@@ -426,13 +453,20 @@ class Driver:
                                      if isinstance(e, ev.CallDecided))
 
     # -- the run -----------------------------------------------------------------------
+    def admit(self, owner: str, queued: bool = False) -> ev.Event:
+        """The run's RunAdmitted (pending, in its journal form); ``queued``: enqueued, with
+        no owner until a worker takes it."""
+        spec = self.spec
+        return self.emit(ev.RunAdmitted, budget=self.budget, history=spec.history,
+                         tools=sorted(spec.tools), owner=owner,
+                         parent_run_id=spec.parent_run_id, parent_step=spec.parent_step,
+                         parent_execution_id=spec.parent_execution_id, agent=spec.agent,
+                         agent_version=spec.agent_version, labels=spec.labels, queued=queued)
+
     def run(self) -> Generator[Effect, Any, RunResult]:
         spec = self.spec
         if spec.resume is None:
-            self.emit(ev.RunAdmitted, budget=self.budget, history=spec.history,
-                      tools=sorted(spec.tools), owner=spec.owner,
-                      parent_run_id=spec.parent_run_id, parent_step=spec.parent_step,
-                      parent_execution_id=spec.parent_execution_id)
+            self.admit(spec.owner)
         else:
             self.emit(ev.RunResumed, owner=spec.owner)
         try:
@@ -504,11 +538,50 @@ class Driver:
                               content=f"the retry was not run: {outcome.skipped}")
                 else:
                     self.record(outcome)
+        skipped = yield from self.dispatch_approved(review)
         if review:
             return decide.needs_review(review)
         if st.round_calls:
-            self.emit(ev.RoundCompleted, step=st.model_steps)
+            return self.end_round([], skipped)
         return None
+
+    def dispatch_approved(self, review: list[str]) -> Generator[Effect, Any, list[str]]:
+        """Dispatch the calls a person approved (SPEC 14): each attempt's CallDispatched is
+        durable before it starts, as always; returns why calls were kept from running."""
+        spec, st = self.spec, self.state
+        planned: list[Planned] = []
+        skipped: list[str] = []
+        for eid in list(st.round_calls):
+            rec = st.calls[eid]
+            if not (rec.approved and rec.attempt == 0 and rec.stage == "intended"):
+                continue
+            tool = spec.tools.get(rec.tool)
+            why = "tool not given to resume" if tool is None else \
+                "its arguments were redacted in the journal" if rec.redacted else None
+            if tool is not None and why is None:
+                try:
+                    kwargs = tool.validate(rec.arguments)
+                except ArgumentError as exc:
+                    why = f"arguments no longer valid: {exc}"
+            if why is not None or tool is None:
+                review.append(f"{rec.tool} {eid} (approved, but {why})")
+                continue
+            planned.append(Planned(spec.run_id, eid, rec.idempotency_key, rec.call_id, tool,
+                                   kwargs))
+        if not planned:
+            return skipped
+        allowance = self.budget.max_tool_calls - st.tool_calls
+        outcomes = yield Dispatch(planned, self.budget.max_parallel, self.deadline,
+                                  spec.cancel, allowance, self.clock, spec.run_child,
+                                  self.link(st.model_steps), epoch=st.epoch)
+        for outcome in outcomes:
+            self.record(outcome)
+            if outcome.skipped:
+                skipped.append(outcome.skipped)
+        review.extend(f"{p.tool.name} {p.execution_id}" for p in planned
+                      if p.tool.irreversible
+                      and st.calls[p.execution_id].status == "outcome_unknown")
+        return skipped
 
     def unavailable(self, detail: str, plain: bool = False) -> RunResult:
         """The result of a run the journal failed: it says so, and nothing more is written."""
@@ -573,13 +646,26 @@ class Driver:
 
     def finish(self, stop: decide.Stop) -> Generator[Effect, Any, RunResult]:
         if stop.status == "journal_unavailable":
-            # A write already failed: write nothing more. The run stays open in the journal,
-            # as its durable events left it, for recovery to resolve and resume.
+            if self.pending and self.spec.lease_ok is not None and not self.spec.lease_ok():
+                # This runner fenced itself (its lease, or a worker shutting down) while the
+                # journal works: what its attempts did is recorded, fenced as ever, so a
+                # resume elsewhere knows it instead of finding unknown outcomes.
+                try:
+                    yield from self.commit()
+                except JournalError:
+                    pass
+            # Else a write already failed: write nothing more. The run stays open in the
+            # journal, as its durable events left it, for recovery to resolve and resume.
             return self.unavailable(stop.detail, plain=stop.plain)
         yield from self.settle_ledger(close=True)
         self.take([decide.run_finished(self.state, stop, self.current,
                                        cancel_reason=self.spec.cancel.reason,
                                        now=self.now())])
+        if stop.status == "awaiting_approval":
+            # The turn ends and the run is nobody's: after the decisions, any worker (or a
+            # resume) takes it without waiting for this runner's lease (SPEC 14).
+            self.emit(ev.OwnerClaimed, owner="", epoch=self.state.epoch + 1)
+            self.releasing = True
         try:
             yield from self.commit()
         except JournalError as exc:
@@ -676,6 +762,7 @@ class Driver:
             # counted in the live state never ran, and is never recorded (SPEC 5: model
             # steps count callback invocations).
             self.uninvoked += 1
+            self.pending = [e for e in self.pending if e is not started]
             raise
         error = None if reply.error is None else journal_safe(describe_exception(reply.error))
         replied = decide.model_replied(
@@ -698,9 +785,10 @@ class Driver:
         return (yield from self.calls(step, parsed, ctx))
 
     def decide_calls(self, batch: CallTools, ctx: ModelContext) -> Generator[
-            Effect, Any, list[tuple[Decision, str, dict[str, Any]]]]:
-        """(decision, reason, handler kwargs) per call, by ``decide.call_decision``. The
-        user's ``permit`` runs on a worker, never on the supervisor's thread."""
+            Effect, Any, list[tuple[Decision, str, dict[str, Any], bool]]]:
+        """(decision, reason, handler kwargs, waits for approval) per call, by
+        ``decide.call_decision``. The user's ``permit`` and ``needs_approval`` rules run on a
+        worker, never on the supervisor's thread."""
         spec = self.spec
         # permit and the handler get their own copies: nothing they do to the arguments
         # can change the recorded call.
@@ -735,8 +823,33 @@ class Driver:
                 call.name, spec.tools, tool_read_only=bool(tool and tool.read_only),
                 read_only_runner=spec.read_only, verdict=verdict, invalid=invalid,
                 deadline_passed=self.deadline_passed(), cancelled=spec.cancel.cancelled)
-            out.append((decision, reason, kwargs if decision in ("allow", "skipped") else {}))
-        return out
+            out.append((decision, reason, kwargs if decision in ("allow", "skipped") else {},
+                        False))
+        return (yield from self.approvals(calls, out, ctx))
+
+    def approvals(self, calls: list[ToolCall],
+                  decided: list[tuple[Decision, str, dict[str, Any], bool]],
+                  ctx: ModelContext) -> Generator[
+                      Effect, Any, list[tuple[Decision, str, dict[str, Any], bool]]]:
+        """Mark the allowed calls whose tool ``needs_approval`` (SPEC 14); a callable rule
+        runs on a worker, and one that never answers asks a person (fail closed)."""
+        tools = self.spec.tools
+        rules: list[tuple[int, Any]] = []
+        for i, (call, (decision, _, _, _)) in enumerate(zip(calls, decided, strict=True)):
+            rule = tools[call.name].needs_approval if decision == "allow" else False
+            if rule is True:
+                decided[i] = (*decided[i][:3], True)
+            elif rule is not False:
+                rules.append((i, rule))
+        if rules:
+            reply = yield CallUser(_approvals, ([(rule, calls[i]) for i, rule in rules], ctx),
+                                   self.deadline, self.spec.cancel)
+            got = reply.response
+            if not isinstance(got, list) or len(got) != len(rules):
+                got = [True] * len(rules)
+            for (i, _), verdict in zip(rules, got, strict=True):
+                decided[i] = (*decided[i][:3], bool(verdict))
+        return decided
 
     def calls(self, step: int, batch: CallTools,
               ctx: ModelContext) -> Generator[Effect, Any, decide.Stop | None]:
@@ -746,14 +859,15 @@ class Driver:
         decisions = yield from self.decide_calls(batch, ctx)
         keys = [idempotency_key(spec.run_id, call.id) for call in batch.calls]
         plans = []
-        for call, (decision, reason, kwargs) in zip(batch.calls, decisions, strict=True):
+        for call, (decision, reason, kwargs, approval) in zip(batch.calls, decisions,
+                                                              strict=True):
             tool = spec.tools.get(call.name)
             plans.append(decide.CallPlan(
                 decision, reason,
                 content_of(kwargs) if decision in ("allow", "skipped") else None,
                 read_only=bool(tool and tool.read_only),
                 idempotent=bool(tool and tool.idempotent),
-                irreversible=bool(tool and tool.irreversible)))
+                irreversible=bool(tool and tool.irreversible), approval=approval))
             if decision == "skipped":
                 skipped.append(reason)
         events = self.take(decide.calls_decided(
@@ -763,10 +877,10 @@ class Driver:
         # before they go to the executor: a crash from here on shows phase ``dispatched``.
         # Every later attempt gets its own durable CallDispatched first (SPEC 6).
         at_once = {e.execution_id for e in events if isinstance(e, ev.CallDispatched)}
-        for index, (call, (decision, _, kwargs)) in enumerate(
+        for index, (call, (decision, _, kwargs, approval)) in enumerate(
                 zip(batch.calls, decisions, strict=True)):
             tool = spec.tools.get(call.name)
-            if decision == "allow" and tool is not None:
+            if decision == "allow" and tool is not None and not approval:
                 eid = f"{spec.run_id}:{step}:{index}"
                 planned.append(Planned(spec.run_id, eid, keys[index], call.id, tool, kwargs,
                                        recorded=eid in at_once))
@@ -788,8 +902,25 @@ class Driver:
                 skipped.append(outcome.skipped)
         review = [f"{p.tool.name} {p.execution_id}" for p in planned
                   if p.tool.irreversible and st.calls[p.execution_id].status == "outcome_unknown"]
+        return self.end_round(review, skipped)
+
+    def end_round(self, review: list[str], skipped: list[str]) -> decide.Stop | None:
+        """Close the round (SPEC 5.11), or end the run's turn while calls of it wait for a
+        person (SPEC 14); calls that wait are skipped when the round cannot go on anyway."""
+        st, cancelled = self.state, self.spec.cancel.cancelled
+        held = decide.held_calls(st)
+        if held and not review and not skipped and not cancelled \
+                and not self.deadline_passed():
+            asked, waiting = decide.awaiting_approval(st, self.now())
+            self.take(asked)
+            return waiting
+        for eid in held:
+            why = "cancelled" if cancelled else "deadline" if self.deadline_passed() else \
+                "the round ended before a person decided"
+            self.emit(ev.CallSkipped, execution_id=eid, reason=why)
+            skipped.append("cancelled" if cancelled else "deadline")
         ended, stop = decide.round_ended(st, review=review, skipped=skipped,
-                                         cancelled=spec.cancel.cancelled, now=self.now())
+                                         cancelled=cancelled, now=self.now())
         self.take(ended)
         return stop
 

@@ -12,7 +12,7 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 from typing import Any
@@ -27,9 +27,13 @@ from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
 from boundloop.actors.supervisor import SupervisorActor
 from boundloop.actors.workers import MAX_THREADS, Workers, waiting
+from boundloop.agent import Agent, check_labels
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.errors import (
+    AdmissionError,
+    ApprovalError,
+    BoundloopError,
     ConfigError,
     JournalCorrupt,
     JournalError,
@@ -39,9 +43,9 @@ from boundloop.errors import (
     SequenceConflict,
 )
 from boundloop.journal import lmdb as lmdb_journal
-from boundloop.journal.base import Journal, OwnerRecord, check_run_id
+from boundloop.journal.base import Fence, Journal, OwnerRecord, check_run_id
 from boundloop.journal.lmdb import LmdbJournal
-from boundloop.loop import Estimator, ParentLink, Permit, RunSpec
+from boundloop.loop import Driver, Estimator, ParentLink, Permit, RunSpec
 from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
@@ -53,7 +57,7 @@ from boundloop.telemetry import Telemetry
 from boundloop.tools import Tool
 
 #: Statuses a run ends with that ``resume`` continues (besides runs left open).
-RESUMABLE = ("needs_review", "journal_unavailable")
+RESUMABLE = ("needs_review", "journal_unavailable", "awaiting_approval")
 #: How many resumable runs' scrubbers a runner keeps (the oldest go first).
 KEPT_SCRUBBERS = 1024
 
@@ -81,6 +85,19 @@ def _settle(future: Future[RunResult], result: RunResult) -> None:
             future.set_result(result)
     except InvalidStateError:
         pass  # the caller cancelled it meanwhile
+
+
+def _chain(inner: Future[RunResult], out: Future[RunResult]) -> None:
+    """Settle ``out`` as ``inner`` ended."""
+    if inner.cancelled():
+        _settle_closed(out)
+    elif inner.exception() is not None:
+        try:
+            out.set_exception(inner.exception())
+        except InvalidStateError:
+            pass
+    else:
+        _settle(out, inner.result())
 
 
 def _settle_closed(future: Future[RunResult]) -> None:
@@ -223,6 +240,7 @@ class Runner:
         # One more each time a renewal finds the lease had lost its margin: another runner
         # may have judged this one gone meanwhile, so runs started before never go on.
         self._lapses = 0
+        self._draining = False
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._tokens: dict[str, CancelToken] = {}
         #: The scrubbers of runs that ended resumable here (needs_review, journal
@@ -231,6 +249,10 @@ class Runner:
         self._scrubbers: OrderedDict[str, Scrubber] = OrderedDict()
         self._futures: dict[str, Future[RunResult]] = {}
         self._pending: set[Future[RunResult]] = set()  # futures being admitted
+        #: Agent names of runs read so far (a run's agent never changes).
+        self._agents: dict[str, str] = {}
+        #: When the queue was last counted, and its depth by agent then.
+        self._queue_seen: tuple[float, dict[str, int]] | None = None
         self._lock = threading.Lock()
         self._closed = False
         self._register()
@@ -278,9 +300,20 @@ class Runner:
         work). With ``since`` (the lapse count when a run started here), also False once
         the lease has lapsed since: a renewed lease does not give back runs that another
         runner may have claimed meanwhile."""
-        if since is not None and since != self._lapses:
+        if since is not None and since != self._lapses or self._draining:
             return False
         return time.time() + self.lease_s / 3 <= self._lease_until
+
+    def drain(self) -> None:
+        """Start no more model calls or attempts (a worker shutting down): attempts running
+        now end and are recorded; each run then stops here as a resume would find it, open
+        in the journal, for another runner to take over."""
+        self._draining = True
+
+    def in_flight(self, run_id: str) -> bool:
+        """True while this runner drives the run."""
+        with self._lock:
+            return run_id in self._tokens
 
     def _owner_gone(self, owner: str, owners: dict[str, OwnerRecord]) -> bool:
         """True when ``owner`` can no longer drive its runs."""
@@ -386,14 +419,22 @@ class Runner:
     def _submit_resume(self, run_id: str, model: Any, tools: Sequence[Any],
                        cancel: CancelToken | None, permit: Permit | None,
                        loop: asyncio.AbstractEventLoop | None,
+                       gate: Callable[[], bool] | None = None,
                        ) -> tuple[Future[RunResult], CancelToken]:
         with self._lock:
             if run_id in self._tokens:
                 raise RecoveryError(f"run {run_id!r} is in flight on this runner")
         state, seq = self._load(run_id)
-        if state.finished and state.status != "needs_review":
+        if state.finished and state.status not in ("needs_review", "awaiting_approval"):
             raise RecoveryError(f"run {run_id!r} finished ({state.status}); only open runs and "
                                 "runs that need review can be resumed")
+        if isinstance(model, Agent):
+            if model.name != state.agent:
+                raise ConfigError(f"run {run_id!r} runs agent {state.agent!r}, not "
+                                  f"{model.name!r}")
+            tools = tools or model.tools
+            permit = permit if permit is not None else model.permit
+            model = model.model
         if state.owner != self.owner:
             if not state.finished and not self._owner_gone(state.owner,
                                                            self._journal.owners()):
@@ -404,8 +445,18 @@ class Runner:
             except SequenceConflict:
                 raise RecoveryError(f"run {run_id!r} was claimed by another runner") from None
             seq += 1
+            if gate is not None and not gate():
+                # Claimed, but it must not start here (a worker over an agent's limit):
+                # it goes back to nobody, fenced at the epoch just claimed.
+                self._journal.append(run_id, seq, [ev.OwnerClaimed(
+                    run_id=run_id, ts=self.clock.time(), elapsed_s=state.elapsed_s,
+                    owner="", epoch=state.epoch + 1)], Fence(self.owner, state.epoch))
+                raise RecoveryError(f"run {run_id!r} was given back: it may not start here "
+                                    "now")
         spec = self._spec(model, tools, None, None, state.budget, cancel, run_id, permit,
-                          resume=state, loop=loop, scrubber=self._scrubber(run_id, state))
+                          resume=state, loop=loop, scrubber=self._scrubber(run_id, state),
+                          labels=state.labels, agent=state.agent,
+                          agent_version=state.agent_version)
         return self._start(spec, seq, resuming=True), spec.cancel
 
     def resolve(self, run_id: str, execution_id: str, outcome: str, note: str = "", *,
@@ -474,39 +525,237 @@ class Runner:
     def run(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
             history: Sequence[Any] | None = None, budget: Budget | None = None,
             cancel: CancelToken | None = None, run_id: str | None = None,
-            permit: Permit | None = None) -> RunResult:
+            permit: Permit | None = None,
+            labels: dict[str, str] | None = None) -> RunResult:
         """Run to the end and return the RunResult (see ``submit`` for the arguments)."""
         return self.submit(model, tools, prompt, history=history, budget=budget,
-                           cancel=cancel, run_id=run_id, permit=permit).result()
+                           cancel=cancel, run_id=run_id, permit=permit,
+                           labels=labels).result()
 
     def submit(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
                history: Sequence[Any] | None = None, budget: Budget | None = None,
                cancel: CancelToken | None = None, run_id: str | None = None,
-               permit: Permit | None = None) -> Future[RunResult]:
+               permit: Permit | None = None,
+               labels: dict[str, str] | None = None) -> Future[RunResult]:
         """Start a run and return a Future of its RunResult.
 
         Args:
-            model: ``(history, ctx) -> response`` (SPEC 2); sync or async.
+            model: ``(history, ctx) -> response`` (SPEC 2), sync or async; or a
+                ``bl.Agent``, whose model, tools, budget and permit the run uses (those
+                given here take their place).
             tools: the tools the model may call.
             prompt: the user's message (appended after ``history`` when both are given).
             history: earlier messages (message Structs or their dicts).
             budget: the run's limits (default ``bl.Budget()``).
             cancel: a CancelToken to stop the run from outside.
-            run_id: the run's id (generated when None); must be new to the journal.
+            run_id: the run's id (generated when None). An id the journal holds already
+                starts nothing new: the Future is that run's (its result once it ends; a
+                queued or orphaned run of the same agent is taken over and driven here).
             permit: ``(call, tool, ctx) -> True | False | reason`` per call.
+            labels: ``{str: str}`` recorded with the run (``runs --label k=v``).
 
         Raises:
             ConfigError: an argument is invalid (nothing is journaled then).
         """
-        spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit)
+        spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit,
+                          labels=labels)
+        if run_id is not None:
+            existing = self._existing(spec)
+            if existing is not None:
+                return existing
         return self._start(spec, 0)
+
+    # -- agents and the queue (SPEC 14) ------------------------------------------------
+    def enqueue(self, agent: Agent, prompt: str | None = None, *,
+                history: Sequence[Any] | None = None, run_id: str | None = None,
+                labels: dict[str, str] | None = None, budget: Budget | None = None) -> str:
+        """Put a run of ``agent`` in the journal's durable queue and return its id once the
+        request is durable; any ``bl.Worker`` serving the agent (by name) starts it.
+
+        An id the journal holds already is returned as it is: nothing is enqueued twice.
+
+        Raises:
+            ConfigError: an argument is invalid.
+            AdmissionError: the queue holds ``agent.max_queued`` runs already.
+            JournalError: the journal could not record the request (nothing is queued).
+        """
+        if not isinstance(agent, Agent):
+            raise ConfigError(f"enqueue takes a bl.Agent (workers serve agents by name), got "
+                              f"{agent!r}")
+        spec = self._spec(agent, (), prompt, history, budget, None, run_id, None,
+                          labels=labels)
+        if run_id is not None and self._journal.find(spec.run_id) is not None:
+            return spec.run_id
+        waiting = self._queued(agent.name)
+        if waiting >= agent.max_queued:
+            raise AdmissionError(f"the queue of agent {agent.name!r} holds {waiting} runs, "
+                                 f"its max_queued; retry later, or raise "
+                                 f"bl.Agent(max_queued=...)")
+        driver = Driver(spec)
+        driver.admit("", queued=True)
+        try:
+            self._journal.append(spec.run_id, 0, driver.pending)
+        except SequenceConflict:
+            return spec.run_id  # enqueued (or started) by another just now: it is this id's
+        with self._lock:
+            if self._queue_seen is not None:
+                counts = self._queue_seen[1]
+                counts[agent.name] = counts.get(agent.name, 0) + 1
+        return spec.run_id
+
+    def _queued(self, agent: str) -> int:
+        """How many runs of ``agent`` wait in the queue, as counted at most a second ago
+        (counting reads every open run; a queue bound need not be exact to the run)."""
+        now = time.monotonic()
+        with self._lock:
+            seen = self._queue_seen
+        if seen is None or now - seen[0] > 1.0:
+            counts: dict[str, int] = {}
+            for run_id in self._journal.open_runs():
+                info = self._journal.find(run_id)
+                if info is not None and info.owner == "":
+                    name = self.agent_of(run_id)
+                    counts[name] = counts.get(name, 0) + 1
+            seen = (now, counts)
+            with self._lock:
+                self._queue_seen = seen
+        return seen[1].get(agent, 0)
+
+    def agent_of(self, run_id: str) -> str:
+        """The name of the agent a run runs ("" for a bare model); kept once read."""
+        with self._lock:
+            name = self._agents.get(run_id)
+        if name is None:
+            first = next(iter(self._journal.read(run_id)), None)
+            name = first[1].agent if first is not None and isinstance(
+                first[1], ev.RunAdmitted) else ""
+            with self._lock:
+                if len(self._agents) > 100_000:
+                    self._agents.clear()
+                self._agents[run_id] = name
+        return name
+
+    def _existing(self, spec: RunSpec) -> Future[RunResult] | None:
+        """The Future of the run ``spec.run_id`` names when the journal holds it already
+        (SPEC 14: a run never starts twice), else None."""
+        with self._lock:
+            future = self._futures.get(spec.run_id)
+        if future is not None:
+            return future
+        try:
+            if self._journal.find(spec.run_id) is None:
+                return None
+        except JournalError:
+            return None  # admission says journal_unavailable
+        out: Future[RunResult] = Future()
+        with self._lock:
+            if self._closed:
+                raise RunnerClosed("this Runner is closed; create a new one")
+            self._pending.add(out)
+        threading.Thread(target=self._follow, args=(spec, out), daemon=True,
+                         name=f"boundloop-follow-{spec.run_id[:16]}").start()
+        return out
+
+    def _follow(self, spec: RunSpec, out: Future[RunResult]) -> None:
+        """Settle ``out`` with the result of the existing run ``spec.run_id``: at once when
+        it ended (or waits for a person), else once it ends. A queued or orphaned run of
+        the same agent is taken over and driven here."""
+        try:
+            while not self._closed and not out.done():
+                state, _ = self._load(spec.run_id)
+                if state.finished:
+                    _settle(out, state.result())
+                    return
+                if state.agent == spec.agent and self._takeable(state):
+                    try:
+                        inner, _ = self._submit_resume(spec.run_id, spec.model,
+                                                       list(spec.tools.values()), spec.cancel,
+                                                       spec.permit, spec.loop)
+                    except RecoveryError:
+                        pass  # taken by another runner meanwhile: follow it there
+                    else:
+                        inner.add_done_callback(lambda f: _chain(f, out))
+                        return
+                time.sleep(0.1)
+        except BoundloopError as exc:
+            if not out.done():
+                out.set_exception(exc)
+        finally:
+            with self._lock:
+                self._pending.discard(out)
+            if self._closed:
+                _settle_closed(out)
+
+    def _takeable(self, state: RunState) -> bool:
+        """True when this runner may take the open run over: queued, or its owner gone."""
+        return state.owner == "" or state.owner != self.owner and self._owner_gone(
+            state.owner, self._journal.owners())
+
+    def approve(self, run_id: str, execution_id: str, *, by: str | None = None,
+                note: str = "") -> RunState:
+        """Approve a call that waits for a person (SPEC 14): once every call the run waits
+        for is decided, the run is queued again and any worker serving its agent (or a
+        ``resume``) continues it, dispatching the call (its intent durable first).
+
+        Raises:
+            UnknownRun: no such run.
+            ApprovalError: the call does not wait for a decision (decided already, the run
+                moved on, no such call).
+        """
+        return self._decide_approval(run_id, execution_id, True, by, note)
+
+    def deny(self, run_id: str, execution_id: str, *, by: str | None = None,
+             note: str = "") -> RunState:
+        """Deny a call that waits for a person: it is recorded ``denied`` (it counts against
+        the call budget, as any denied call does) and the model sees it when the run goes
+        on. Raises as ``approve`` does."""
+        return self._decide_approval(run_id, execution_id, False, by, note)
+
+    def _decide_approval(self, run_id: str, execution_id: str, approved: bool,
+                         by: str | None, note: str) -> RunState:
+        if not isinstance(note, str) or (by is not None and not isinstance(by, str)):
+            raise ConfigError("note and by must be strings")
+        state, seq = self._load(run_id)
+        record = state.calls.get(execution_id)
+        if record is None or record.stage != "awaiting" \
+                or state.status != "awaiting_approval":
+            what = "has no call" if record is None else "does not wait for a decision on"
+            raise ApprovalError(
+                f"run {run_id!r} {what} {execution_id!r} (the run is {state.status}"
+                + ("" if record is None else f", the call {record.stage}") + "); "
+                f"`boundloop show {run_id}` lists its calls and what they wait for")
+        scrubber = self._scrubber(run_id, state, keep=True)
+        who = scrubber.text(journal_safe(by or f"{getpass.getuser()}@{socket.gethostname()}"))
+        now = self.clock.time()
+        elapsed = state.elapsed_s + max(now - (state.waiting_since or now), 0.0)
+        batch: list[ev.Event] = [ev.ApprovalDecided(
+            run_id=run_id, ts=now, elapsed_s=elapsed, execution_id=execution_id,
+            approved=approved, by=who, note=scrubber.text(journal_safe(note)))]
+        if len(state.awaiting) == 1:
+            batch.append(ev.RunRequeued(run_id=run_id, ts=now, elapsed_s=elapsed))
+        try:
+            self._journal.append(run_id, seq, batch)
+        except SequenceConflict:
+            raise ApprovalError(f"run {run_id!r} changed while deciding; look again with "
+                                f"`boundloop show {run_id}`") from None
+        for event in batch:
+            apply(state, event)
+        return state
 
     def _spec(self, model: Any, tools: Sequence[Any], prompt: str | None,
               history: Sequence[Any] | None, budget: Budget | None,
               cancel: CancelToken | None, run_id: str | None, permit: Permit | None,
-              **extra: Any) -> RunSpec:
+              labels: dict[str, str] | None = None, **extra: Any) -> RunSpec:
         if self._closed:
             raise RunnerClosed("this Runner is closed; create a new one")
+        extra["labels"] = check_labels(labels)
+        if isinstance(model, Agent):
+            agent = model
+            model = agent.model
+            tools = tools or agent.tools
+            budget = budget if budget is not None else agent.budget
+            permit = permit if permit is not None else agent.permit
+            extra["agent"], extra["agent_version"] = agent.name, agent.version
         if not callable(model):
             raise ConfigError(f"model must be a callable (history, ctx) -> response, got {model!r}")
         if budget is None:
@@ -657,9 +906,11 @@ class Runner:
         return self._load(run_id)[0]
 
     # -- lifecycle ---------------------------------------------------------------------
-    def close(self, timeout: float = 10.0) -> None:
+    def close(self, timeout: float = 10.0, *, drain: bool = False) -> None:
         """Cancel runs in flight, wait up to ``timeout`` for them, stop the actors and
-        close the journal (when the runner opened it)."""
+        close the journal (when the runner opened it). With ``drain`` (a worker shutting
+        down), runs in flight are not cancelled but left open as they are, for another
+        runner to take over (their Futures get ``RunnerClosed``)."""
         with self._lock:
             if self._closed:
                 return
@@ -667,6 +918,9 @@ class Runner:
             tokens = list(self._tokens.values())
             futures = [*self._futures.values(), *self._pending]
         self._stop_renewing.set()
+        if drain:
+            self._draining = True
+            tokens, timeout = [], 0.0
         for token in tokens:
             token.cancel("the runner is closing")
         deadline = time.monotonic() + timeout
@@ -715,15 +969,17 @@ class Runner:
     async def arun(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
                    history: Sequence[Any] | None = None, budget: Budget | None = None,
                    cancel: CancelToken | None = None, run_id: str | None = None,
-                   permit: Permit | None = None) -> RunResult:
+                   permit: Permit | None = None,
+                   labels: dict[str, str] | None = None) -> RunResult:
         """``run`` from asyncio code (SPEC 1): the run's ``async def`` models, tools,
         permits and reconcilers run on the calling task's event loop (so they may use the
         application's loop-bound clients and semaphores); sync ones on the runner's
         threads. Cancelling the awaiting task cancels the run: it ends ``cancelled`` in
         the journal, and this raises ``asyncio.CancelledError`` once it has ended."""
         spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit,
-                          loop=asyncio.get_running_loop())
-        return await _await_run(self._start(spec, 0), spec.cancel)
+                          labels=labels, loop=asyncio.get_running_loop())
+        existing = self._existing(spec) if run_id is not None else None
+        return await _await_run(existing or self._start(spec, 0), spec.cancel)
 
     async def aresume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
                       cancel: CancelToken | None = None,

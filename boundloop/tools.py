@@ -21,6 +21,10 @@ from boundloop.policy.budget import MAX_SECONDS, MAX_WHOLE, bad_seconds
 from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, arguments_not_kept, shape_problem
 from boundloop.policy.safe_text import describe_exception
 
+#: ``needs_approval`` as a callable: ``(call, ctx) -> bool`` (a ``bl.ToolCall`` and the
+#: step's ``bl.ModelContext``), True when this call must wait for a person.
+ApprovalRule = Callable[[Any, Any], Any]
+
 if typing.TYPE_CHECKING:
     from boundloop.cancel import CancelToken
     from boundloop.results import RunResult
@@ -153,6 +157,9 @@ class Tool:
         reconcile: ``(idempotency_key) -> result | None``: the action's result if it took
             effect, None if it did not; raising means it cannot tell.
         sensitive: argument or result field names to keep out of the journal in clear.
+        needs_approval: True (or a callable ``(call, ctx) -> bool`` deciding per call) to
+            make an accepted call wait for a person's ``approve`` or ``deny`` before it is
+            dispatched; the run pauses durably as ``awaiting_approval`` meanwhile.
     """
 
     def __init__(self, name: str | None, handler: Callable[..., Any], *,
@@ -160,10 +167,12 @@ class Tool:
                  idempotent: bool = False, irreversible: bool = False,
                  timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
                  reconcile: Callable[[str], Any] | None = None,
-                 sensitive: Collection[str] = ()) -> None:
+                 sensitive: Collection[str] = (),
+                 needs_approval: bool | ApprovalRule = False) -> None:
         self._configure(name, handler, description, read_only=read_only,
                         idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
-                        retry=retry, reconcile=reconcile, sensitive=sensitive)
+                        retry=retry, reconcile=reconcile, sensitive=sensitive,
+                        needs_approval=needs_approval)
         args_type, self._context_name = self._derive()
         self._args_type: type[msgspec.Struct] | None = args_type
         self.schema = self._schema(args_type)
@@ -171,7 +180,8 @@ class Tool:
     def _configure(self, name: str | None, handler: Callable[..., Any],
                    description: str | None, *, read_only: bool, idempotent: bool,
                    irreversible: bool, timeout_s: float | None, retry: RetryPolicy | None,
-                   reconcile: Callable[[str], Any] | None, sensitive: Collection[str]) -> None:
+                   reconcile: Callable[[str], Any] | None, sensitive: Collection[str],
+                   needs_approval: bool | ApprovalRule = False) -> None:
         """The options every tool has, checked (the schema is the caller's business)."""
         if not callable(handler):
             raise ConfigError(f"a tool handler must be callable, got {handler!r}")
@@ -198,6 +208,10 @@ class Tool:
         self.retry = retry
         self.reconcile = reconcile
         self.sensitive = frozenset(sensitive)
+        if not isinstance(needs_approval, bool) and not callable(needs_approval):
+            raise ConfigError(f"tool {self.name!r}: needs_approval must be True, False or a "
+                              f"callable (call, ctx) -> bool, got {needs_approval!r}")
+        self.needs_approval = needs_approval
         # Set by Tool.from_schema: its cached jsonschema validator, the parameter that gets
         # the arguments as one dict, and the keywords the handler takes (None: any).
         self._validator: Any = None
@@ -210,7 +224,8 @@ class Tool:
                     idempotent: bool = False, irreversible: bool = False,
                     timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
                     reconcile: Callable[[str], Any] | None = None,
-                    sensitive: Collection[str] = ()) -> Tool:
+                    sensitive: Collection[str] = (),
+                    needs_approval: bool | ApprovalRule = False) -> Tool:
         """A tool whose arguments a plain JSON Schema describes (as MCP servers and OpenAPI
         documents give them) instead of the handler's type hints. Needs the ``jsonschema``
         package (``pip install 'boundloop[schema]'``; ``boundloop[mcp]`` includes it).
@@ -246,7 +261,8 @@ class Tool:
         self = cls.__new__(cls)
         self._configure(name, handler, description, read_only=read_only,
                         idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
-                        retry=retry, reconcile=reconcile, sensitive=sensitive)
+                        retry=retry, reconcile=reconcile, sensitive=sensitive,
+                        needs_approval=needs_approval)
         plain = _plain_schema(self.name, schema)
         self._validator = _schema_validator(self.name, plain)
         self._args_type = None
@@ -573,19 +589,22 @@ def tool(fn: Callable[..., Any], /) -> Tool: ...
 def tool(*, name: str | None = None, description: str | None = None, read_only: bool = False,
          idempotent: bool = False, irreversible: bool = False, timeout_s: float | None = 60.0,
          retry: RetryPolicy | None = None, reconcile: Callable[[str], Any] | None = None,
-         sensitive: Collection[str] = ()) -> Callable[[Callable[..., Any]], Tool]: ...
+         sensitive: Collection[str] = (), needs_approval: bool | ApprovalRule = False,
+         ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
          description: str | None = None, read_only: bool = False, idempotent: bool = False,
          irreversible: bool = False, timeout_s: float | None = 60.0,
          retry: RetryPolicy | None = None, reconcile: Callable[[str], Any] | None = None,
-         sensitive: Collection[str] = ()) -> Tool | Callable[[Callable[..., Any]], Tool]:
+         sensitive: Collection[str] = (), needs_approval: bool | ApprovalRule = False,
+         ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a Tool of a function; use bare (``@bl.tool``) or with options (``@bl.tool(...)``)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(name, f, description=description, read_only=read_only,
                     idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
-                    retry=retry, reconcile=reconcile, sensitive=sensitive)
+                    retry=retry, reconcile=reconcile, sensitive=sensitive,
+                    needs_approval=needs_approval)
 
     return wrap(fn) if fn is not None else wrap

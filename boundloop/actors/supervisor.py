@@ -399,7 +399,10 @@ class SupervisorActor(Actor):
         has no owner to check yet (a run id taken meanwhile is a sequence conflict)."""
         if run.seq == 0:
             return None
-        return Fence(run.driver.spec.owner, run.driver.state.epoch)
+        # A run that ends its turn awaiting approval gives up its ownership in the same
+        # append (an OwnerClaimed with no owner, already folded): fenced at the epoch before.
+        epoch = run.driver.state.epoch - (1 if run.driver.releasing else 0)
+        return Fence(run.driver.spec.owner, epoch)
 
     @staticmethod
     def _leased(run: _Run) -> bool:

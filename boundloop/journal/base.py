@@ -265,6 +265,16 @@ class Journal(abc.ABC):
     def open_runs(self) -> Iterator[str]:
         """Ids of runs that have no RunFinished event (or were resumed since)."""
 
+    def open_infos(self) -> list[RunInfo]:
+        """The index entries of the open runs, oldest first (a backend may read them in one
+        go; this default asks ``find`` for each of ``open_runs``)."""
+        out = []
+        for run_id in self.open_runs():
+            info = self.find(run_id)
+            if info is not None:
+                out.append(info)
+        return out
+
     @abc.abstractmethod
     def put_owner(self, record: OwnerRecord) -> None:
         """Register or renew a runner (durably)."""

@@ -1284,7 +1284,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                 case ev.RunFinished():
                     info.status, info.finished_ts = event.status, event.ts or now
                     is_open = False
-                case ev.RunResumed():
+                case ev.RunResumed() | ev.RunRequeued():
                     info.status, info.finished_ts = None, None
                     is_open = True
                 case _:
@@ -1480,8 +1480,13 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         return out
 
     def open_runs(self) -> Iterator[str]:
+        return iter([info.run_id for info in self.open_infos()])
+
+    def open_infos(self) -> list[RunInfo]:
+        """The index entries of the open runs (each checked against the run index), in one
+        read transaction."""
         self._usable()
-        ids = []
+        infos: list[RunInfo] = []
         with _guarded("the index of open runs"), self._txn() as txn:
             for key, _ in txn.cursor(db=self._open):
                 run_id = key.decode()
@@ -1490,8 +1495,8 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                 if info is None or info.status is not None:
                     raise chain.ChainError(run_id, 0, "the index of open runs does not match "
                                                       "the run's index entry")
-                ids.append(run_id)
-        return iter(ids)
+                infos.append(info)
+        return infos
 
     # -- owners ------------------------------------------------------------------------
 

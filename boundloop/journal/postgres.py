@@ -273,6 +273,8 @@ _SQL = {
     "infos": f"SELECT {_RUN_COLS} FROM @.boundloop_runs ORDER BY run_order",
     "runs": "SELECT run_id FROM @.boundloop_runs ORDER BY run_order",
     "open": "SELECT run_id FROM @.boundloop_runs WHERE status IS NULL ORDER BY run_order",
+    "open_infos": f"SELECT {_RUN_COLS} FROM @.boundloop_runs WHERE status IS NULL "
+                  "ORDER BY run_order",
     "claimable": f"SELECT {', '.join('r.' + c for c in _RUN_COLS.split(', '))} "
                  "FROM @.boundloop_runs r LEFT JOIN @.boundloop_owners o ON o.owner = r.owner "
                  "WHERE r.status IS NULL AND (o.owner IS NULL OR o.lease_until < %s) "
@@ -1158,7 +1160,7 @@ class PostgresJournal(keys.KeyedJournal, Journal):
                         new.owner, new.epoch = event.owner, epoch
                     case ev.RunFinished():
                         new.status, new.finished_ts = event.status, event.ts or now
-                    case ev.RunResumed():
+                    case ev.RunResumed() | ev.RunRequeued():
                         new.status, new.finished_ts = None, None
                     case _:
                         pass
@@ -1310,6 +1312,10 @@ class PostgresJournal(keys.KeyedJournal, Journal):
 
     def open_runs(self) -> Iterator[str]:
         return iter([r[0] for r in self._rows("open")])
+
+    def open_infos(self) -> list[RunInfo]:
+        """The rows of the open runs, oldest first, in one query."""
+        return [_index(r) for r in self._rows("open_infos")]
 
     def claimable(self, limit: int = 100, now: float | None = None,
                   owner: str = "") -> list[RunInfo]:

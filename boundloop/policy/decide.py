@@ -299,6 +299,8 @@ def _why(stop: Stop, budget: Budget) -> str:
         "journal_unavailable": "The journal could not record the run; nothing more was "
                                f"dispatched (fail closed). {_sentence(stop.detail)}",
         "rejected": f"Admission refused the run: {stop.detail}",
+        "awaiting_approval": "The run waits for a person to approve or deny a call before "
+                             f"it is dispatched (`boundloop approve` or `deny`). {stop.detail}",
     }[stop.status]
     if stop.status in ("repeated_call", "malformed_response", "model_error"):
         return base
@@ -498,6 +500,8 @@ class CallPlan(msgspec.Struct, frozen=True):
     read_only: bool = False
     idempotent: bool = False
     irreversible: bool = False
+    #: The call is allowed but waits for a person's approval before any dispatch.
+    approval: bool = False
 
 
 def calls_decided(state: RunState, batch: CallTools, plans: list[CallPlan], *,
@@ -516,8 +520,9 @@ def calls_decided(state: RunState, batch: CallTools, plans: list[CallPlan], *,
             index=index, call_id=call.id, tool=call.name, arguments=call.arguments,
             decision=plan.decision, reason=plan.reason, parent_step=parent_step,
             read_only=plan.read_only, idempotent=plan.idempotent,
-            irreversible=plan.irreversible, validated=plan.validated))
-        if plan.decision == "allow":
+            irreversible=plan.irreversible, validated=plan.validated,
+            approval=plan.approval and plan.decision == "allow"))
+        if plan.decision == "allow" and not plan.approval:
             allowed.append(eid)
     at_once = allowed[:max_parallel] if max_parallel else allowed
     events.extend(ev.CallDispatched(**stamp, execution_id=eid, attempt=1) for eid in at_once)
@@ -528,6 +533,24 @@ def needs_review(actions: list[str]) -> Stop:
     """SPEC 6: actions only a person can settle (an irreversible one whose outcome is
     unknown, or what recovery could not reconcile or retry) end the run ``needs_review``."""
     return Stop("needs_review", detail="Unresolved: " + "; ".join(actions) + ".")
+
+
+def awaiting_approval(state: RunState, now: Now) -> tuple[list[ev.Event], Stop]:
+    """SPEC 14: calls that wait for a person end the run's turn ``awaiting_approval``: a
+    person is asked for each call not yet asked (ApprovalRequested), and the round stays
+    open until every one of them is decided."""
+    stamp = now.stamp()
+    held = [r for r in state.calls.values() if r.stage in ("held", "awaiting")]
+    events: list[ev.Event] = [ev.ApprovalRequested(**stamp, execution_id=r.execution_id,
+                                                   tool=r.tool)
+                              for r in held if r.stage == "held"]
+    names = "; ".join(f"{r.tool} {r.execution_id}" for r in held)
+    return events, Stop("awaiting_approval", detail=f"Waiting: {names}.")
+
+
+def held_calls(state: RunState) -> list[str]:
+    """Execution ids of the round's calls that wait for a person (asked or not yet)."""
+    return [e for e in state.round_calls if state.calls[e].stage in ("held", "awaiting")]
 
 
 def round_ended(state: RunState, *, review: list[str], skipped: list[str], cancelled: bool,

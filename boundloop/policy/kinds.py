@@ -18,10 +18,11 @@ Decision = Literal["allow", "denied", "invalid_arguments", "unknown_tool", "skip
 #: result is known (or declared unknown).
 Phase = Literal["intended", "dispatched", "done"]
 
-#: How a run ended (SPEC 3, ``RunFinished.status``).
+#: How a run ended (SPEC 3, ``RunFinished.status``); ``awaiting_approval`` ends only the
+#: run's turn: a person's decision makes it go on (SPEC 14).
 RunStatus = Literal["final", "limit_exceeded", "repeated_call", "cancelled",
                     "malformed_response", "model_error", "needs_review",
-                    "journal_unavailable", "rejected"]
+                    "journal_unavailable", "rejected", "awaiting_approval"]
 
 #: The limit that stopped a run (``RunFinished.exhausted_limit``, SPEC 1).
 Limit = Literal["model_steps", "tool_calls", "deadline", "input_tokens", "output_tokens",
@@ -48,9 +49,10 @@ Resolution = Literal["succeeded", "failed", "abandoned"]
 #: ``timed_out`` (the attempt timed out; reconcile, a retry or ``outcome_unknown`` follows),
 #: ``not_taken`` (reconcile said the attempt did not take effect; a retry may follow),
 #: ``unknown`` (the result is ``outcome_unknown``; open until resolved), ``failed`` (the last
-#: attempt raised) and ``closed`` (nothing more can happen to the call).
+#: attempt raised) and ``closed`` (nothing more can happen to the call); ``held`` (allowed,
+#: waits for approval, not yet asked) and ``awaiting`` (a person was asked: ApprovalRequested).
 CallStage = Literal["intended", "running", "failed_retrying", "timed_out", "not_taken",
-                    "unknown", "failed", "closed"]
+                    "unknown", "failed", "closed", "held", "awaiting"]
 
 DECISIONS: frozenset[str] = frozenset(get_args(Decision))
 PHASES: frozenset[str] = frozenset(get_args(Phase))

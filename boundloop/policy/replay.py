@@ -77,10 +77,19 @@ class CallRecord(msgspec.Struct):
     irreversible: bool = False
     stage: CallStage = "intended"
     doubt: bool = False
+    #: The call waits (or waited) for a person's approval before dispatch (SPEC 14).
+    approval: bool = False
+    #: A person approved it; until its first attempt is recorded it has never run.
+    approved: bool = False
 
     @property
     def open(self) -> bool:
-        """True while the call's outcome is unknown and nobody closed it."""
+        """True while the call's outcome is unknown and nobody closed it (a call waiting for
+        approval never ran: it is not unresolved)."""
+        if self.stage in ("held", "awaiting"):
+            return False
+        if self.approved and self.attempt == 0:
+            return False
         return self.phase != "done" or (self.status == "outcome_unknown" and not self.abandoned)
 
 
@@ -119,6 +128,23 @@ class RunState(msgspec.Struct):
     #: True from a RunResumed until the next model step or RunFinished: the window in
     #: which resume settles what a crash left open (reconcile, retry, give up).
     resuming: bool = False
+    #: The agent the run runs (name and version; empty for a bare model) and its labels.
+    agent: str = ""
+    agent_version: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    #: When the run's turn ended ``awaiting_approval`` (wall clock): the deadline runs on
+    #: while it waits, so a resume counts the time since (SPEC 14).
+    waiting_since: float | None = None
+
+    @property
+    def awaiting(self) -> list[CallRecord]:
+        """Calls that wait for a person's approve or deny."""
+        return [r for r in self.calls.values() if r.stage == "awaiting"]
+
+    @property
+    def queued(self) -> bool:
+        """True while the run waits for a worker (enqueued, or requeued after approvals)."""
+        return self.status == "queued"
 
     @property
     def unresolved(self) -> list[UnresolvedAction]:
@@ -185,7 +211,7 @@ _LIVE: dict[type[ev.Event], frozenset[CallStage]] = {
     ev.CallTimedOut: frozenset({"running"}),
     ev.CallReconciled: frozenset({"timed_out"}),
     ev.CallOutcomeUnknown: frozenset({"timed_out", "failed"}),
-    ev.CallSkipped: frozenset({"intended", "running"}),
+    ev.CallSkipped: frozenset({"intended", "running", "held", "awaiting"}),
     ev.CallResolved: _OPEN,
 }
 #: The same while the run settles at resume (RunResumed, up to its next model step or
@@ -197,8 +223,16 @@ _AT_RESUME: dict[type[ev.Event], frozenset[CallStage]] = {
     ev.CallDispatched: _LIVE[ev.CallDispatched] | {"running", "unknown"},
     ev.CallReconciled: _OPEN,
     ev.CallOutcomeUnknown: _OPEN | {"failed"},
-    ev.CallSkipped: frozenset({"intended"}),
+    ev.CallSkipped: frozenset({"intended", "held", "awaiting"}),
 }
+
+
+#: What may follow a RunFinished: a resume, a person's resolution, a claim, and (after a
+#: turn that ended ``awaiting_approval``) the decisions and the requeue they lead to.
+_AFTER_FINISHED = (ev.RunResumed, ev.CallResolved, ev.OwnerClaimed, ev.ApprovalDecided,
+                   ev.RunRequeued)
+#: What may follow while a run is queued: a claim, then the resume that starts it.
+_WHILE_QUEUED = (ev.OwnerClaimed, ev.RunResumed)
 
 
 def _refuse(state: RunState, event: ev.Event, why: str) -> ReplayError:
@@ -218,9 +252,13 @@ def _check(state: RunState, event: ev.Event) -> None:
         raise ReplayError(f"run {event.run_id!r}: {type(event).__name__} before RunAdmitted")
     if state.admitted and isinstance(event, ev.RunAdmitted):
         raise ReplayError(f"run {event.run_id!r}: admitted twice")
-    if state.finished and not isinstance(event, ev.RunResumed | ev.CallResolved | ev.OwnerClaimed):
+    if state.finished and not isinstance(event, _AFTER_FINISHED):
         raise ReplayError(f"run {event.run_id!r}: {type(event).__name__} after RunFinished "
-                          "(only RunResumed, CallResolved or OwnerClaimed may follow it)")
+                          "(only RunResumed, CallResolved, OwnerClaimed, or a decision on an "
+                          "approval may follow it)")
+    if state.status == "queued" and not isinstance(event, _WHILE_QUEUED):
+        raise ReplayError(f"run {event.run_id!r}: {type(event).__name__} while the run is "
+                          "queued (a worker claims it and resumes it first)")
     if state.admitted and event.run_id != state.run_id:
         raise ReplayError(f"event of run {event.run_id!r} in run {state.run_id!r}")
 
@@ -281,7 +319,7 @@ def apply(state: RunState, event: ev.Event) -> RunState:
     # The usual event (of an admitted, open run, its own) passes every test of _check:
     # asked here in one expression, the fold costs one Python call less an event.
     if not state.admitted or state.finished or event.run_id != state.run_id \
-            or isinstance(event, ev.RunAdmitted):
+            or isinstance(event, ev.RunAdmitted) or state.status == "queued":
         _check(state, event)
     # Every branch checks everything first and mutates after: a raise changes nothing.
     match event:
@@ -296,6 +334,10 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             state.parent_run_id = event.parent_run_id
             state.parent_step = event.parent_step
             state.started_ts = event.ts
+            state.agent, state.agent_version = event.agent, event.agent_version
+            state.labels = dict(event.labels)
+            if event.queued:
+                state.status = "queued"
         case ev.ModelStepStarted():
             if event.step != state.model_steps + 1:
                 raise _refuse(state, event, f"it starts model step {event.step}, and the "
@@ -346,6 +388,8 @@ def apply(state: RunState, event: ev.Event) -> RunState:
                              event.tool, event.arguments, event.step, event.index,
                              decision, redacted=event.redacted,
                              idempotent=event.idempotent, irreversible=event.irreversible)
+            if decision == "allow" and event.approval:
+                rec.approval, rec.stage = True, "held"
             if decision != "allow":
                 rec.phase, rec.stage, rec.status = "done", "closed", _NOT_ALLOWED[decision]
                 if decision != "skipped":
@@ -419,6 +463,31 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             else:
                 rec.status, rec.abandoned = "outcome_unknown", True
                 rec.content = f"abandoned: {event.note}".strip()
+        case ev.ApprovalRequested():
+            rec = _record(state, event.execution_id)
+            if rec.stage != "held":
+                raise _refuse(state, event, f"call {rec.execution_id!r} does not wait for an "
+                                            f"approval to be asked (it is {rec.stage})")
+            rec.stage = "awaiting"
+        case ev.ApprovalDecided():
+            rec = _record(state, event.execution_id)
+            if rec.stage != "awaiting" or state.status != "awaiting_approval":
+                raise _refuse(state, event, f"call {rec.execution_id!r} does not wait for a "
+                                            f"decision (it is {rec.stage}, the run "
+                                            f"{state.status})")
+            if event.approved:
+                rec.stage, rec.approved = "intended", True
+            else:
+                rec.phase, rec.stage, rec.status = "done", "closed", "denied"
+                who = f" by {event.by}" if event.by else ""
+                rec.content = f"denied{who}: {event.note}".strip().rstrip(":")
+        case ev.RunRequeued():
+            if state.status != "awaiting_approval" or state.awaiting:
+                raise _refuse(state, event, "only a run whose turn ended awaiting_approval, "
+                                            "with every approval decided, is requeued")
+            state.finished = False
+            state.status = "queued"
+            state.explanation = ""
         case ev.RoundCompleted():
             # Not required: every call of the round has an outcome. The loop ensures it, but
             # ``inspect.check`` answers a dispatch past the recording's end with an empty
@@ -452,6 +521,7 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             state.exhausted_limit = None
             state.explanation = ""
             state.resuming = True
+            state.waiting_since = None
             if event.owner:
                 state.owner = event.owner
         case ev.RunFinished():
@@ -467,6 +537,7 @@ def apply(state: RunState, event: ev.Event) -> RunState:
                                             "limit_exceeded, and only then)")
             state.finished = True
             state.resuming = False
+            state.waiting_since = event.ts if event.status == "awaiting_approval" else None
             state.status = event.status
             state.exhausted_limit = event.exhausted_limit
             state.explanation = event.explanation
