@@ -482,11 +482,20 @@ def _plural(n: int, what: str) -> str:
 @click.option("--all", "every", is_flag=True, help="Every run that matches (no -n limit).")
 @click.option("--tree", is_flag=True,
               help="List each child run under its parent (when the parent is listed too).")
+@click.option("--label", "labels", multiple=True, metavar="KEY=VALUE",
+              help="Only runs that carry this label (repeatable: every one must match).")
 def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: tuple[str, ...],
          since: float | None, older_than: float | None, last: int | None, every: bool,
-         tree: bool) -> None:
+         tree: bool, labels: tuple[str, ...]) -> None:
     """List runs, newest first: the newest 50 unless -n N or --all."""
     from boundloop.inspect import DAMAGED, LIMITS, STATUSES, find_runs, open_journal
+
+    wanted: dict[str, str] = {}
+    for item in labels:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="'--label'")
+        wanted[key] = value
 
     for s in statuses:
         if s == "rejected":
@@ -505,7 +514,8 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
     now = time.time()
     with open_journal(journal_dir(journal), readonly=True) as j:
         found = find_runs(j, status=statuses, limit_hit=limits, since_s=since,
-                          older_than_s=older_than, last=limit, tree=tree, now=now)
+                          older_than_s=older_than, last=limit, tree=tree, now=now,
+                          labels=wanted)
     more = f"-n N or --all for more than {limit}" if found.more else ""
     if as_json:
         _echo_json(found.runs)
@@ -541,12 +551,26 @@ def _runs_text(found: Any, statuses: Sequence[str], limits: Sequence[str],
     title += ", newest first" + (", child runs under their parents" if tree else "")
     rows = [(("  " * r.depth + "↳ " if r.depth else "") + r.run_id, r.status,
              r.exhausted_limit, r.model_steps, r.tool_calls, r.unresolved or "",
-             r.parent_run_id, _when(r.created_ts), _secs(r.elapsed_s)) for r in found.runs]
+             _agent_cell(r), r.parent_run_id, _when(r.created_ts), _secs(r.elapsed_s))
+            for r in found.runs]
     out.table([Col("run id"), Col("status"), Col("limit", shrink=8, drop=3),
                Col("steps", drop=6, right=True), Col("calls", drop=5, right=True),
-               Col("unresolved", drop=2, right=True), Col("parent", shrink=10, drop=4),
+               Col("unresolved", drop=2, right=True), Col("agent", shrink=8, drop=3),
+               Col("parent", shrink=10, drop=4),
                Col("started", drop=8), Col("took", drop=7, right=True)], rows,
               title=title, caption=f"({more})" if more else None)
+    waiting = sorted({r.agent for r in found.runs
+                      if r.status in ("queued", "interrupted") and r.agent})
+    if waiting:
+        out.line("queued and interrupted runs wait for a worker serving their agent: "
+                 + ", ".join(waiting), style="dim")
+
+
+def _agent_cell(r: Any) -> str | None:
+    """An agent's name and version, then the run's labels, for one cell of ``runs``."""
+    parts = [r.agent + (f"@{r.agent_version}" if r.agent_version else "")] if r.agent else []
+    parts += [f"{k}={v}" for k, v in sorted(r.labels.items())]
+    return " ".join(parts) or None
 
 
 def _no_runs(found: Any, statuses: Sequence[str], limits: Sequence[str], since: float | None,
@@ -569,6 +593,8 @@ def _no_runs(found: Any, statuses: Sequence[str], limits: Sequence[str], since: 
 # -- show ----------------------------------------------------------------------------------
 def _open_note(word: str) -> str:
     """What ``show`` and ``replay`` add to the state word of a run with no RunFinished."""
+    if word == "queued":
+        return "no RunFinished event yet; it waits for a worker"
     return "no RunFinished event yet; its runner is " + ("alive" if word == "running" else "gone")
 
 
@@ -621,8 +647,20 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     out.line(f"model steps: {tl.model_steps}/{b.max_model_steps}, tool calls: "
              f"{tl.tool_calls}/{b.max_tool_calls}, usage: {_tokens(tl.usage)}, "
              f"elapsed: {_secs(tl.elapsed_s)}")
+    if tl.agent:
+        out.line(f"agent: {tl.agent}" + (f" (version {tl.agent_version})"
+                                         if tl.agent_version else ""))
+    if tl.labels:
+        out.line("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(tl.labels.items())))
     if tl.parent_run_id:
         out.line(f"parent run: {tl.parent_run_id}")
+    if tl.awaiting:
+        out.table([Col("execution id"), Col("tool", shrink=8),
+                   Col("arguments", shrink=10, wrap=True)],
+                  [(a.execution_id, a.tool, json.dumps(a.arguments, ensure_ascii=False))
+                   for a in tl.awaiting], title="calls awaiting approval")
+        out.line(f"decide with: boundloop approve|deny {tl.run_id} EXECUTION_ID "
+                 "[--by NAME] [--note TEXT]", style="dim")
     if tl.children:
         out.table(_RUN_COLS, _run_rows(tl.children),
                   title=f"child runs ({len(tl.children)}, oldest first)")
@@ -1034,6 +1072,99 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
     flagged = sum(1 for u in state.unresolved if u.abandoned)
     click.echo(f"recorded: {execution_id} {outcome}; {left} unresolved action(s) left open in "
                f"{run_id}" + (f", {flagged} abandoned (closed, still flagged)" if flagged else ""))
+
+
+def _decide(journal: str | None, run_id: str, execution_id: str, approved: bool,
+            by: str | None, note: str) -> None:
+    runner, j = _runner(journal)
+    try:
+        decide = runner.approve if approved else runner.deny
+        state = decide(run_id, execution_id, by=by, note=note)
+    finally:
+        runner.close()
+        j.close()
+    word = "approved" if approved else "denied"
+    left = len(state.awaiting)
+    then = f"{left} more call(s) of {run_id} wait for a decision" if left else \
+        f"{run_id} is queued: a worker serving agent {state.agent!r} continues it" \
+        if state.agent else f"{run_id} is queued: resume it with runner.resume(...)"
+    click.echo(f"{word}: {execution_id}; {then}")
+
+
+_BY = click.option("--by", default=None, help="Who decided (default: user@host).")
+_NOTE = click.option("--note", default="", help="Why (kept in the journal).")
+
+
+@cli.command()
+@journal_option
+@click.argument("run_id")
+@click.argument("execution_id")
+@_BY
+@_NOTE
+def approve(journal: str | None, run_id: str, execution_id: str, by: str | None,
+            note: str) -> None:
+    """Approve a call of RUN_ID that waits for a person (`boundloop show RUN_ID` lists
+    them): a worker then dispatches it. A call that does not wait is refused."""
+    _decide(journal, run_id, execution_id, True, by, note)
+
+
+@cli.command()
+@journal_option
+@click.argument("run_id")
+@click.argument("execution_id")
+@_BY
+@_NOTE
+def deny(journal: str | None, run_id: str, execution_id: str, by: str | None,
+         note: str) -> None:
+    """Deny a call of RUN_ID that waits for a person: it is recorded denied, never runs,
+    and the model sees it when a worker continues the run."""
+    _decide(journal, run_id, execution_id, False, by, note)
+
+
+@cli.command()
+@journal_option
+@click.argument("target", metavar="MODULE:AGENTS")
+@click.option("--concurrency", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Runs this worker drives at once.")
+@click.option("--grace", "grace_s", type=click.FloatRange(min=0), default=30.0,
+              show_default=True, help="Seconds running attempts get to end on SIGTERM.")
+@click.option("--lease", "lease_s", type=click.FloatRange(min=0.1, max=86_400), default=30.0,
+              show_default=True, help="The worker's lease_s, in seconds.")
+def worker(journal: str | None, target: str, concurrency: int, grace_s: float,
+           lease_s: float) -> None:
+    """Serve agents until SIGTERM or SIGINT: MODULE:AGENTS names a bl.Agent, a list of them,
+    or a function returning them (e.g. myapp.agents:AGENTS). Takes queued runs and runs
+    whose runner is gone; a second signal stops at once."""
+    import importlib
+
+    from boundloop.agent import Agent
+    from boundloop.worker import Worker
+
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise click.BadParameter("give MODULE:AGENTS, e.g. myapp.agents:AGENTS",
+                                 param_hint="'MODULE:AGENTS'")
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(f"cannot import {module_name!r}: {exc}",
+                                 param_hint="'MODULE:AGENTS'") from None
+    found = getattr(module, attr, None)
+    if found is None:
+        raise click.BadParameter(f"module {module_name!r} has no {attr!r}",
+                                 param_hint="'MODULE:AGENTS'")
+    if callable(found) and not isinstance(found, Agent):
+        found = found()
+    agents = [found] if isinstance(found, Agent) else list(found)
+    w = Worker(journal_dir(journal), agents, concurrency=concurrency, grace_s=grace_s,
+               lease_s=lease_s)
+    names = ", ".join(a.name for a in agents)
+    click.echo(f"boundloop worker: serving {names} (concurrency {concurrency}); "
+               "SIGTERM or Ctrl-C stops it", err=True)
+    w.serve()
+    click.echo(f"boundloop worker: stopped after {_plural(len(w.finished), 'run turn')}",
+               err=True)
 
 
 @cli.command()

@@ -59,7 +59,7 @@ __all__ = [
 #: ``running`` (its runner is alive) and ``interrupted`` (its runner is gone: recover it).
 STATUSES = ("final", "limit_exceeded", "repeated_call", "cancelled", "malformed_response",
             "model_error", "needs_review", "journal_unavailable", "rejected", "running",
-            "interrupted")
+            "interrupted", "queued", "awaiting_approval")
 #: The limits a ``limit_exceeded`` run names (SPEC 1).
 LIMITS = ("model_steps", "tool_calls", "deadline", "input_tokens", "output_tokens",
           "total_tokens", "cost")
@@ -212,6 +212,12 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     unresolved: int
     #: How deep the run sits under the listed runs (``list_runs(tree=True)``; else 0).
     depth: int = 0
+    #: The agent the run runs (name and version) and its labels (SPEC 14).
+    agent: str = ""
+    agent_version: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    #: Calls that wait for a person's approve or deny.
+    awaiting: int = 0
 
 
 class RunList(msgspec.Struct, frozen=True, kw_only=True):
@@ -229,7 +235,17 @@ OPEN_EXPLANATIONS = {
     "running": "The run is in flight: its runner is alive.",
     "interrupted": "The run has no RunFinished event and its runner is gone; "
                    "`boundloop recover` lists what it left unresolved.",
+    "queued": "The run waits in the queue for a worker.",
 }
+
+
+def waiting_note(state: RunState, word: str) -> str:
+    """What an open run waits for, in a sentence: the agent a worker must serve."""
+    if word not in ("queued", "interrupted") or not state.agent:
+        return ""
+    return (f"It waits for a worker serving agent {state.agent!r}"
+            + (f" (version {state.agent_version!r} when it started)."
+               if state.agent_version else "."))
 
 
 def state_word(finished: bool, status: str, owner: str, owners: dict[str, OwnerRecord],
@@ -239,6 +255,8 @@ def state_word(finished: bool, status: str, owner: str, owners: dict[str, OwnerR
     owner is gone)."""
     if finished:
         return status
+    if status == "queued":
+        return "queued"
     return "running" if owner_alive(owner, owners, now) else "interrupted"
 
 
@@ -265,7 +283,7 @@ def recoverable(journal: Journal, damaged: list[str] | None = None) -> list[Reco
                 raise
             damaged.append(run_id)
             continue
-        if not state.finished and not owner_alive(state.owner, owners):
+        if not state.finished and not state.queued and not owner_alive(state.owner, owners):
             out.append(RecoveredRun(run_id, state, state.open_actions))
     return out
 
@@ -291,12 +309,16 @@ def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) ->
                           unresolved=0)
     status = state_word(state.finished, state.status, state.owner, owners)
     explanation = state.explanation if state.finished else OPEN_EXPLANATIONS[status]
+    waits = waiting_note(state, status)
     return RunSummary(run_id=info.run_id, status=status, exhausted_limit=state.exhausted_limit,
                       model_steps=state.model_steps, tool_calls=state.tool_calls,
-                      usage=state.usage, explanation=explanation, created_ts=info.created_ts,
+                      usage=state.usage, explanation=f"{explanation} {waits}".strip(),
+                      created_ts=info.created_ts,
                       finished_ts=info.finished_ts, elapsed_s=state.elapsed_s,
                       parent_run_id=info.parent_run_id, owner=info.owner,
-                      unresolved=len(state.unresolved))
+                      unresolved=len(state.unresolved), agent=state.agent,
+                      agent_version=state.agent_version, labels=state.labels,
+                      awaiting=len(state.awaiting))
 
 
 def _infos(journal: Journal) -> list[RunInfo]:
@@ -319,7 +341,7 @@ def list_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterab
 def find_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterable[str] = (),
               since_s: float | None = None, older_than_s: float | None = None,
               last: int | None = None, tree: bool = False,
-              now: float | None = None) -> RunList:
+              now: float | None = None, labels: dict[str, str] | None = None) -> RunList:
     """The journal's runs, newest first, filtered; only the runs listed are replayed.
 
     Args:
@@ -333,8 +355,10 @@ def find_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterab
         tree: put each child run right under its parent (oldest child first) when the
             parent is listed too, with ``depth`` one more than the parent's.
         now: the current time (epoch seconds; default: the clock).
+        labels: keep runs that carry every one of these labels.
     """
     now = time.time() if now is None else now
+    wanted_labels = dict(labels or {})
     wanted, limits = set(status), set(limit_hit)
     owners = journal.owners()
     infos = sorted(_infos(journal), key=lambda i: i.order, reverse=True)
@@ -352,6 +376,8 @@ def find_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterab
             return None
         if limits and (summary.exhausted_limit is None or
                        not ({"any", summary.exhausted_limit} & limits)):
+            return None
+        if any(summary.labels.get(k) != v for k, v in wanted_labels.items()):
             return None
         return summary
 
@@ -453,6 +479,20 @@ class Timeline(msgspec.Struct, kw_only=True):
     owner: str = ""
     #: The runs it started, oldest first (``run_timeline``; ``timeline`` leaves it empty).
     children: list[RunSummary] = msgspec.field(default_factory=list)
+    #: The agent the run runs (name and version) and its labels (SPEC 14).
+    agent: str = ""
+    agent_version: str = ""
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    #: Calls that wait for a person: execution id, tool and arguments (as journaled).
+    awaiting: list[AwaitingCall] = msgspec.field(default_factory=list)
+
+
+class AwaitingCall(msgspec.Struct, frozen=True):
+    """A call that waits for a person's approve or deny."""
+
+    execution_id: str
+    tool: str
+    arguments: dict[str, Any]
 
 
 def _short(value: Any, width: int = 60) -> str:
@@ -497,7 +537,7 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
             row.detail = _short(event.text)
         case ev.CallDecided():
             row.step, row.call_id, row.tool = event.step, event.call_id, event.tool
-            row.decision = event.decision
+            row.decision = event.decision + (" (awaits approval)" if event.approval else "")
             row.detail = _short(event.reason) if event.reason else _short(event.arguments)
         case ev.CallDispatched():
             row.attempt, row.outcome = event.attempt, "dispatched"
@@ -528,7 +568,16 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
         case ev.ChildCharged():
             row.detail = f"child {event.child_run_id}: {event.tool_calls} tool calls"
         case ev.OwnerClaimed() | ev.RunResumed():
-            row.detail = f"owner {event.owner}" if event.owner else ""
+            row.detail = f"owner {event.owner}" if event.owner else \
+                ("released: nobody owns it" if isinstance(event, ev.OwnerClaimed) else "")
+        case ev.ApprovalRequested():
+            row.outcome = "awaiting approval"
+        case ev.ApprovalDecided():
+            row.outcome = "approved" if event.approved else "denied"
+            row.detail = _short(" ".join(x for x in (event.note, f"by {event.by}" if event.by
+                                                     else "") if x))
+        case ev.RunRequeued():
+            row.outcome = "queued again"
         case ev.RunFinished():
             row.outcome = event.status + (f" ({event.exhausted_limit})"
                                           if event.exhausted_limit else "")
@@ -561,8 +610,12 @@ def timeline(events: Iterable[ev.Event],
     status, explanation = state.status, state.explanation
     if owners is not None and not state.finished:
         status = state_word(False, status, state.owner, owners)
-        explanation = OPEN_EXPLANATIONS[status]
-    return Timeline(run_id=state.run_id, status=status, finished=state.finished,
+        explanation = f"{OPEN_EXPLANATIONS[status]} {waiting_note(state, status)}".strip()
+    return Timeline(agent=state.agent, agent_version=state.agent_version,
+                    labels=state.labels,
+                    awaiting=[AwaitingCall(r.execution_id, r.tool, r.arguments)
+                              for r in state.awaiting],
+                    run_id=state.run_id, status=status, finished=state.finished,
                     exhausted_limit=state.exhausted_limit, explanation=explanation,
                     model_steps=state.model_steps, tool_calls=state.tool_calls,
                     usage=state.usage, budget=state.budget, started_ts=state.started_ts,

@@ -376,7 +376,7 @@ class Runner:
                     raise
                 damaged.append(run_id)
                 continue
-            if not state.finished:
+            if not state.finished and not state.queued:  # queued runs are a worker's
                 loaded.append((run_id, state, seq))
         out: list[RecoveredRun] = []
         for run_id, state, seq in loaded:
@@ -559,11 +559,35 @@ class Runner:
         """
         spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit,
                           labels=labels)
-        if run_id is not None:
-            existing = self._existing(spec)
-            if existing is not None:
-                return existing
-        return self._start(spec, 0)
+        if run_id is None:
+            return self._start(spec, 0)
+        return self._existing(spec) or self._first(spec)
+
+    def _first(self, spec: RunSpec) -> Future[RunResult]:
+        """Start the run of a caller's id that the journal did not hold a moment ago; if
+        another runner admitted that id meanwhile, this one follows that run instead of
+        starting a second (SPEC 14)."""
+        inner = self._start(spec, 0)
+        out: Future[RunResult] = Future()
+
+        def admitted(f: Future[RunResult]) -> None:
+            if not f.cancelled() and f.exception() is None \
+                    and f.result().status == "rejected" and f.result().model_steps == 0:
+                try:
+                    taken = self._journal.find(spec.run_id) is not None
+                except JournalError:
+                    taken = False
+                if taken:
+                    follower = self._existing(spec)
+                    if follower is not None:
+                        follower.add_done_callback(lambda g: _chain(g, out))
+                        return
+            _chain(f, out)
+
+        inner.add_done_callback(admitted)
+        out.add_done_callback(lambda f: spec.cancel.cancel("the caller cancelled the run's "
+                                                           "Future") if f.cancelled() else None)
+        return out
 
     # -- agents and the queue (SPEC 14) ------------------------------------------------
     def enqueue(self, agent: Agent, prompt: str | None = None, *,

@@ -102,7 +102,7 @@ def test_second_concurrent_run_over_max_in_flight_is_rejected(journal_dir: Path)
         journal_of(runner, third)
 
 
-def test_duplicate_run_id_of_a_finished_run_is_rejected(runner: bl.Runner) -> None:
+def test_an_existing_run_id_returns_that_run_and_runs_nothing(runner: bl.Runner) -> None:
     ran: list[str] = []
 
     @bl.tool
@@ -118,9 +118,12 @@ def test_duplicate_run_id_of_a_finished_run_is_rejected(runner: bl.Runner) -> No
     again = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "act", {"x": "a"})]),
                               bl.Final("second")])
     result = runner.run(model=again, tools=[act], prompt="again", run_id="dup")
-    assert (result.status, result.exhausted_limit) == ("rejected", None)
+    # SPEC 14: an id that exists returns that run (it never runs twice).
+    assert (result.status, result.exhausted_limit) == ("final", None)
     assert result.run_id == "dup"
-    assert (result.model_steps, result.tool_calls) == (0, 0)
+    assert (result.model_steps, result.tool_calls) == (1, 0)
+    assert [m.kind for m in result.transcript] == ["user", "final"]
+    assert result.transcript[-1].text == "done"
     assert again.calls == 0
     assert ran == []
     # The original run is untouched.

@@ -17,6 +17,8 @@ EXPECTED = {
     "Runner", "RunResult", "CompletedAction", "UnresolvedAction", "CancelToken", "Telemetry",
     # recovery
     "RecoveredRun",
+    # agents, workers, the queue and approvals
+    "Agent", "Worker",
     # budgets and metering
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
@@ -30,13 +32,14 @@ EXPECTED = {
     "ModelStepStarted", "ModelStepCompleted", "ModelStepFailed", "NoticeAdded", "UsageCharged",
     "CallDecided", "CallDispatched", "CallSucceeded", "CallFailed", "CallTimedOut",
     "CallOutcomeUnknown", "CallReconciled", "CallSkipped", "CallResolved", "RoundCompleted",
-    "ChildCharged", "OwnerClaimed", "RunResumed", "RunFinished",
+    "ChildCharged", "OwnerClaimed", "RunResumed", "RunFinished", "ApprovalRequested",
+    "ApprovalDecided", "RunRequeued",
     # time
     "Clock", "FakeClock",
     # errors
     "BoundloopError", "ConfigError", "JournalError", "JournalUnavailable", "JournalCorrupt",
     "SequenceConflict", "LeaseLost", "AdmissionError", "UnknownRun", "RecoveryError",
-    "RunnerClosed",
+    "RunnerClosed", "ApprovalError",
 }
 
 
