@@ -87,6 +87,13 @@ def _settle(future: Future[RunResult], result: RunResult) -> None:
         pass  # the caller cancelled it meanwhile
 
 
+def _check_new(spec: RunSpec, prompt: str | None, history: Sequence[Any] | None) -> None:
+    """A run that starts needs something to start from."""
+    if prompt is None and history is None:
+        raise ConfigError(f"give the run a prompt= or a history= (no run {spec.run_id!r} "
+                          "exists to return)")
+
+
 def _chain(inner: Future[RunResult], out: Future[RunResult]) -> None:
     """Settle ``out`` as ``inner`` ended."""
     if inner.cancelled():
@@ -561,7 +568,11 @@ class Runner:
                           labels=labels)
         if run_id is None:
             return self._start(spec, 0)
-        return self._existing(spec) or self._first(spec)
+        existing = self._existing(spec)
+        if existing is not None:
+            return existing
+        _check_new(spec, prompt, history)
+        return self._first(spec)
 
     def _first(self, spec: RunSpec) -> Future[RunResult]:
         """Start the run of a caller's id that the journal did not hold a moment ago; if
@@ -610,6 +621,7 @@ class Runner:
                           labels=labels)
         if run_id is not None and self._journal.find(spec.run_id) is not None:
             return spec.run_id
+        _check_new(spec, prompt, history)
         waiting = self._queued(agent.name)
         if waiting >= agent.max_queued:
             raise AdmissionError(f"the queue of agent {agent.name!r} holds {waiting} runs, "
@@ -790,7 +802,7 @@ class Runner:
             raise ConfigError("cancel must be a bl.CancelToken")
         if permit is not None and not callable(permit):
             raise ConfigError("permit must be a callable (call, tool, ctx) -> bool | str")
-        if prompt is None and history is None and "resume" not in extra:
+        if prompt is None and history is None and "resume" not in extra and run_id is None:
             raise ConfigError("give the run a prompt= or a history=")
         if prompt is not None and not isinstance(prompt, str):
             raise ConfigError(f"prompt must be a string, got {type(prompt).__name__}")
@@ -1003,6 +1015,8 @@ class Runner:
         spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit,
                           labels=labels, loop=asyncio.get_running_loop())
         existing = self._existing(spec) if run_id is not None else None
+        if existing is None:
+            _check_new(spec, prompt, history)
         return await _await_run(existing or self._start(spec, 0), spec.cancel)
 
     async def aresume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
