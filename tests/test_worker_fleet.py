@@ -153,9 +153,9 @@ def serve_a_queue(journal: str, tmp: Path, runs: int, workers: int, lease: float
             left = [r for r, s in statuses(journal).items() if s is None]
             if not left:
                 break
-            if sum(fleet.faults.values()) < 40:
-                if fleet.fault(rng, first[0] if first else None) and first:
-                    first.pop(0)
+            if sum(fleet.faults.values()) < 40 \
+                    and fleet.fault(rng, first[0] if first else None) and first:
+                first.pop(0)
     finally:
         fleet.stop()
     ended = statuses(journal)
