@@ -1255,8 +1255,9 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
 @json_option("the figures")
 @click.option("--since", type=DURATION, default=None, metavar="AGE",
               help="Only what happened within AGE (e.g. 24h, 7d); default: everything.")
-@click.option("--by", "by", type=click.Choice(["tool", "status", "limit"]), default=None,
-              help="Also group the figures by tool, run status or limit hit.")
+@click.option("--by", "by", type=click.Choice(["tool", "status", "limit", "label", "agent"]),
+              default=None, help="Also group the figures by tool, run status, limit hit, "
+                                 "label (each key=value a run carries) or agent.")
 def stats(journal: str | None, as_json: bool, since: float | None, by: str | None) -> None:
     """The telemetry's figures computed from the journal alone (SPEC 11): runs by status,
     limit hits, unknown outcomes, retries, reconciliations, reviews, tokens by kind, cost per

@@ -26,8 +26,8 @@ from boundloop.journal.base import Journal
 from boundloop.telemetry import names as n
 from boundloop.telemetry.projection import Projection
 
-By = Literal["tool", "status", "limit"]
-BY: tuple[str, ...] = ("tool", "status", "limit")
+By = Literal["tool", "status", "limit", "label", "agent"]
+BY: tuple[str, ...] = ("tool", "status", "limit", "label", "agent")
 
 
 class Distribution(msgspec.Struct, frozen=True):
@@ -154,6 +154,8 @@ class _Finish(msgspec.Struct):
     limit: str | None
     elapsed_s: float
     cost: float | None
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+    agent: str = ""
 
 
 class _Watch:
@@ -166,6 +168,7 @@ class _Watch:
         self.finishes: list[_Finish] = []
         self.in_window = False
         self.finished = False
+        self.admitted: ev.RunAdmitted | None = None
 
     def __call__(self, e: ev.Event) -> None:
         muted = self.sink.muted = self.since is not None and e.ts < self.since
@@ -173,10 +176,15 @@ class _Watch:
         if isinstance(e, ev.RunFinished):
             self.finished = True
             if not muted:
+                first = self.admitted
                 self.finishes.append(_Finish(e.status, e.exhausted_limit, e.elapsed_s,
-                                             e.usage.cost))
+                                             e.usage.cost,
+                                             first.labels if first is not None else {},
+                                             first.agent if first is not None else ""))
         elif isinstance(e, ev.RunAdmitted | ev.RunResumed):
             self.finished = False
+            if isinstance(e, ev.RunAdmitted):
+                self.admitted = e
 
 
 def compute(runs: Iterable[tuple[str, Iterable[ev.Event]]], *, since: float | None = None,
@@ -186,7 +194,8 @@ def compute(runs: Iterable[tuple[str, Iterable[ev.Event]]], *, since: float | No
     Args:
         runs: the runs to count.
         since: only events with ``ts >= since`` count (None: all).
-        by: also group the figures by ``tool``, ``status`` or ``limit``.
+        by: also group the figures by ``tool``, ``status``, ``limit``, ``label`` (each
+            ``key=value`` a run carries) or ``agent``.
     """
     if by is not None and by not in BY:
         raise ValueError(f"by must be one of {', '.join(BY)}, not {by!r}")
@@ -196,6 +205,7 @@ def compute(runs: Iterable[tuple[str, Iterable[ev.Event]]], *, since: float | No
     seen = open_runs = 0
     for run_id, events in runs:
         watch.in_window = watch.finished = False
+        watch.admitted = None
         projection.project(run_id, events)
         projection.runs.pop(run_id, None)
         seen += watch.in_window
@@ -255,9 +265,17 @@ def _by_tool(sink: _Collect) -> dict[str, Group]:
 def _by_run(finishes: list[_Finish], by: By) -> dict[str, Group]:
     keyed: dict[str, list[_Finish]] = {}
     for f in finishes:
-        key = f.status if by == "status" else f.limit
-        if key is not None:
-            keyed.setdefault(key, []).append(f)
+        if by == "label":
+            # A run counts in the group of each of its labels.
+            keys: list[str | None] = [f"{k}={v}" for k, v in sorted(f.labels.items())] \
+                or ["(no labels)"]
+        elif by == "agent":
+            keys = [f.agent or "(no agent)"]
+        else:
+            keys = [f.status if by == "status" else f.limit]
+        for key in keys:
+            if key is not None:
+                keyed.setdefault(key, []).append(f)
     out: dict[str, Group] = {}
     for key in sorted(keyed):
         group = keyed[key]

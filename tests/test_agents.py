@@ -190,3 +190,45 @@ def test_runs_filters_by_label(journal_dir: Path) -> None:
     assert sorted(r["run_id"] for r in json.loads(out.output)) == sorted([ids[0], ids[2]])
     bad = CliRunner().invoke(cli, ["runs", "--journal", str(journal_dir), "--label", "acme"])
     assert bad.exit_code == 2
+
+
+def test_stats_groups_finished_runs_by_label_and_by_agent(journal_dir: Path) -> None:
+    a = bl.Agent("a", model=bl.ScriptedModel([bl.Final("x")] * 3))
+    b = bl.Agent("b", model=bl.ScriptedModel([bl.Final("x")]))
+    with bl.Runner(journal_dir) as runner:
+        runner.run(a, prompt="p", labels={"tenant": "acme", "tier": "gold"})
+        runner.run(a, prompt="p", labels={"tenant": "acme"})
+        runner.run(a, prompt="p")
+        runner.run(b, prompt="p", labels={"tenant": "initech"})
+    by_label = CliRunner().invoke(cli, ["stats", "--journal", str(journal_dir), "--json",
+                                        "--by", "label"])
+    assert by_label.exit_code == 0, by_label.output
+    groups = json.loads(by_label.output)["groups"]
+    assert {k: g["runs"] for k, g in groups.items()} == {
+        "tenant=acme": 2, "tier=gold": 1, "tenant=initech": 1, "(no labels)": 1}
+    by_agent = CliRunner().invoke(cli, ["stats", "--journal", str(journal_dir), "--json",
+                                        "--by", "agent"])
+    assert {k: g["runs"] for k, g in json.loads(by_agent.output)["groups"].items()} == {
+        "a": 3, "b": 1}
+    text = CliRunner().invoke(cli, ["stats", "--journal", str(journal_dir), "--by", "label"])
+    assert "tenant=acme" in text.output
+
+
+def test_the_run_span_names_the_agent_and_carries_the_labels(journal_dir: Path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    agent = bl.Agent("refunds", model=bl.ScriptedModel([bl.Final("x")]), version="7")
+    with bl.Runner(journal_dir, telemetry=bl.Telemetry(tracer_provider=provider)) as runner:
+        result = runner.run(agent, prompt="p", labels={"tenant": "acme"})
+    [span] = [s for s in exporter.get_finished_spans()
+              if s.attributes and s.attributes.get("gen_ai.operation.name") == "invoke_agent"]
+    assert span.attributes is not None
+    assert span.attributes["boundloop.run.id"] == result.run_id
+    assert span.attributes["gen_ai.agent.name"] == "refunds"
+    assert span.attributes["gen_ai.agent.version"] == "7"
+    assert span.attributes["boundloop.run.label.tenant"] == "acme"

@@ -46,6 +46,10 @@ TOOL_RESULT = "gen_ai.tool.call.result"
 
 # -- attributes: boundloop's own -------------------------------------------------------------
 RUN_ID = "boundloop.run.id"
+#: The agent a run runs (GenAI conventions) and, per label, ``boundloop.run.label.<key>``.
+AGENT_NAME = "gen_ai.agent.name"
+AGENT_VERSION = "gen_ai.agent.version"
+RUN_LABEL_PREFIX = "boundloop.run.label."
 RUN_STATUS = "boundloop.run.status"
 LIMIT = "boundloop.limit"
 EXECUTION_ID = "boundloop.execution.id"

@@ -57,12 +57,18 @@ class CallView(Protocol):
 
 class StateView(Protocol):
     """What the projection reads of a run's state (``policy.replay.RunState``): the run's
-    calls and its parent."""
+    calls, its parent, its agent and its labels."""
 
     @property
     def calls(self) -> Mapping[str, CallView]: ...
     @property
     def parent_run_id(self) -> str | None: ...
+    @property
+    def agent(self) -> str: ...
+    @property
+    def agent_version(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
 
 
 class Fanout:
@@ -185,6 +191,16 @@ _ERROR_STATUSES = frozenset({"model_error", "malformed_response", "needs_review"
 _ERROR_STEPS = frozenset({"error", "malformed", "deadline"})
 _INTERNAL, _CLIENT = SpanKind.INTERNAL, SpanKind.CLIENT
 
+
+
+def _agent_attrs(agent: str, version: str, labels: Mapping[str, str]) -> Attrs:
+    """The run span's agent (GenAI ``gen_ai.agent.*``) and labels (SPEC 14), when set."""
+    attrs: Attrs = {f"{n.RUN_LABEL_PREFIX}{k}": v for k, v in labels.items()}
+    if agent:
+        attrs[n.AGENT_NAME] = agent
+    if version:
+        attrs[n.AGENT_VERSION] = version
+    return attrs
 
 class Projection:
     """Projects runs' events onto a metric sink and (when given) a tracer.
@@ -320,7 +336,8 @@ class Projection:
         run = self._start(run_id, model, e)
         run.parent_execution_id = e.parent_execution_id
         if self.tracer is not None:
-            attrs: Attrs = {n.OPERATION: "invoke_agent", n.RUN_ID: run_id}
+            attrs: Attrs = {n.OPERATION: "invoke_agent", n.RUN_ID: run_id,
+                            **_agent_attrs(e.agent, e.agent_version, e.labels)}
             if e.parent_run_id is not None:
                 attrs[n.PARENT_RUN_ID] = e.parent_run_id
             if self.capture_content:
@@ -339,6 +356,8 @@ class Projection:
             state = self._state
             parent_run_id = state.parent_run_id if state is not None else None
             attrs: Attrs = {n.OPERATION: "invoke_agent", n.RUN_ID: run_id, n.RESUMED: True}
+            if state is not None:
+                attrs.update(_agent_attrs(state.agent, state.agent_version, state.labels))
             if parent_run_id is not None:
                 attrs[n.PARENT_RUN_ID] = parent_run_id
             self._open_run_span(run, e.ts, self._parent_context(parent_run_id, None), attrs)
