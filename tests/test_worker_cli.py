@@ -133,3 +133,48 @@ def test_a_worker_refuses_bad_configuration(journal_dir: Path) -> None:
     with pytest.raises(bl.ConfigError):
         bl.Worker(journal_dir, ["a"])  # type: ignore[list-item]
     assert not journal_dir.exists()  # nothing opened before serve()
+
+
+def test_max_running_holds_across_workers(journal_dir: Path) -> None:
+    import threading
+
+    lock = threading.Lock()
+    active: set[str] = set()
+    peak: list[int] = [0]
+
+    def model(history: list[object], ctx: bl.ModelContext) -> object:
+        with lock:
+            active.add(ctx.run_id)
+            peak[0] = max(peak[0], len(active))
+        time.sleep(0.15)
+        if ctx.step == 1:
+            return bl.CallTools([bl.ToolCall("c1", "noop", {})])
+        with lock:
+            active.discard(ctx.run_id)
+        return bl.Final("done")
+
+    @bl.tool(read_only=True)
+    def noop() -> str:
+        """Nothing."""
+        return "ok"
+
+    agent = bl.Agent("capped", model=model, tools=[noop], max_running=2)
+    with bl.Runner(journal_dir) as runner:
+        for i in range(10):
+            runner.enqueue(agent, prompt="go", run_id=f"c{i}")
+    workers = [bl.Worker(journal_dir, [agent], concurrency=4, poll_s=0.02) for _ in range(3)]
+    threads = [threading.Thread(target=w.serve) for w in workers]
+    for t in threads:
+        t.start()
+    try:
+        t0 = time.monotonic()
+        while sum(len(w.finished) for w in workers) < 10 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+    finally:
+        for w in workers:
+            w.stop()
+        for t in threads:
+            t.join(30)
+    finished = {k: v for w in workers for k, v in w.finished.items()}
+    assert finished == {f"c{i}": "final" for i in range(10)}
+    assert 1 <= peak[0] <= 2, peak[0]
