@@ -29,6 +29,10 @@ from boundloop.owners import owner_alive
 from boundloop.results import RunResult
 from boundloop.runner import Runner
 
+#: How often a worker reads every run's index entry for runs that wait for a person on
+#: another worker's watch (their deadlines still hold).
+SCAN_S = 30.0
+
 
 class Worker:
     """Serves ``agents`` from a journal until SIGTERM or SIGINT (or ``stop()``).
@@ -84,7 +88,9 @@ class Worker:
         self._ready = threading.Event()
         #: Runs finished by this worker, and how each ended (for reports and tests).
         self.finished: dict[str, str] = {}
-        self._expired_checked = 0.0
+        #: When the deadlines of runs that wait for a person pass (wall clock), by run.
+        self._waiting: dict[str, float] = {}
+        self._expired_checked = -SCAN_S
 
     # -- control -------------------------------------------------------------------------
     def stop(self, now: bool = False) -> None:
@@ -189,8 +195,7 @@ class Worker:
                 started += 1
                 free -= 1
                 running_by_agent[agent.name] = running_by_agent.get(agent.name, 0) + 1
-        if free > 0 and time.monotonic() - self._expired_checked > max(self.poll_s, 1.0):
-            self._expired_checked = time.monotonic()
+        if free > 0:
             started += self._expire(runner, free)
         return started
 
@@ -235,35 +240,46 @@ class Worker:
 
     def _expire(self, runner: Runner, free: int) -> int:
         """Runs that wait for approval past their deadline end ``limit_exceeded(deadline)``
-        (the deadline holds while a run waits for a person, SPEC 14)."""
-        started = 0
-        infos = getattr(runner.journal, "infos", None)
-        if infos is None:
-            return 0
+        (the deadline holds while a run waits for a person, SPEC 14). The deadlines of runs
+        whose turn ended here are known; every ``SCAN_S`` the whole journal is looked at
+        for those whose turn ended on another worker (reading every run's index entry)."""
         now = time.time()
-        for info in infos():
-            if started >= free or self._stopping.is_set():
+        if time.monotonic() - self._expired_checked >= SCAN_S:
+            self._expired_checked = time.monotonic()
+            infos = getattr(runner.journal, "infos", None)
+            for info in infos() if infos is not None else []:
+                if info.status == "awaiting_approval" and info.run_id not in self._waiting \
+                        and runner.agent_of(info.run_id) in self.agents:
+                    self._note_waiting(runner, info.run_id)
+        started = 0
+        for run_id, due in sorted(self._waiting.items(), key=lambda kv: kv[1]):
+            if due > now or started >= free or self._stopping.is_set():
                 break
-            if info.status != "awaiting_approval" or info.run_id in self._running:
-                continue
-            agent = self.agents.get(runner.agent_of(info.run_id))
-            if agent is None:
-                continue
-            state = runner.state(info.run_id)
-            deadline_s = state.budget.deadline_s
-            if deadline_s is None or state.waiting_since is None \
-                    or now < state.waiting_since + max(deadline_s - state.elapsed_s, 0.0):
-                continue
-            if self._start(runner, agent, info.run_id):
+            del self._waiting[run_id]
+            if runner.state(run_id).status != "awaiting_approval":
+                continue  # decided meanwhile: queued again, or ended
+            agent = self.agents.get(runner.agent_of(run_id))
+            if agent is not None and self._start(runner, agent, run_id):
                 started += 1
         return started
+
+    def _note_waiting(self, runner: Runner, run_id: str) -> None:
+        """Remember when the deadline of a run that waits for a person passes."""
+        state = runner.state(run_id)
+        deadline_s = state.budget.deadline_s
+        if state.status == "awaiting_approval" and deadline_s is not None \
+                and state.waiting_since is not None:
+            self._waiting[run_id] = state.waiting_since + max(deadline_s - state.elapsed_s,
+                                                              0.0)
 
     def _reap(self) -> None:
         for run_id, future in list(self._running.items()):
             if future.done():
                 del self._running[run_id]
                 if not future.cancelled() and future.exception() is None:
-                    self.finished[run_id] = future.result().status
+                    status = self.finished[run_id] = future.result().status
+                    if status == "awaiting_approval" and self.runner is not None:
+                        self._note_waiting(self.runner, run_id)
 
     def _shutdown(self, runner: Runner) -> None:
         """Take no new work; let running attempts end within ``grace_s``; leave the rest as
