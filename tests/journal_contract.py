@@ -64,6 +64,10 @@ def several(run_id: str) -> list[ev.Event]:
         ev.NoticeAdded(run_id=run_id, text="a notice"),
         ev.ModelStepFailed(run_id=run_id, step=2, reason="malformed", detail="no kind"),
         ev.ModelStepCompleted(run_id=run_id, step=3, response=bl.Final("done")),
+        ev.ApprovalRequested(run_id=run_id, execution_id=eid, tool="search"),
+        ev.ApprovalDecided(run_id=run_id, execution_id=eid, approved=True, by="alice",
+                           note="fine"),
+        ev.RunRequeued(run_id=run_id, ts=time.time()),
         finished(run_id, ts=time.time()),
     ]
 
