@@ -42,7 +42,8 @@ from boundloop.policy.budget import (
 )
 from boundloop.policy.redact import PREFIX, digest, is_credential
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
-from boundloop.results import CompletedAction, RecoveredRun, UnresolvedAction
+from boundloop.recovery import RecoveredRun
+from boundloop.results import CompletedAction, UnresolvedAction
 from boundloop.tools import ArgumentError, Tool
 
 __all__ = [
@@ -1333,7 +1334,7 @@ def verify_journal(path: str | os.PathLike[str] | None = None,
     from boundloop import errors
 
     where = journal_dir(path)
-    code = "from boundloop.inspect import _verify_child; _verify_child()"
+    code = "from boundloop.inspection import _verify_child; _verify_child()"
     reports: dict[str, ChainReport] = {}
     todo = list(run_ids)
     mode = "some" if run_ids else "all"
