@@ -61,7 +61,8 @@ from boundloop.messages import (
 from boundloop.models.scripted import ScriptedModel, ScriptExhausted
 from boundloop.policy.budget import Budget, Price, Remaining, Usage
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
-from boundloop.results import CompletedAction, RecoveredRun, RunResult, UnresolvedAction
+from boundloop.recovery import RecoveredRun
+from boundloop.results import CompletedAction, RunResult, UnresolvedAction
 from boundloop.runner import Runner
 from boundloop.telemetry import Telemetry
 from boundloop.tools import RetryPolicy, Tool, ToolContext, tool

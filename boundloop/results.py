@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
 from boundloop.messages import Message
 from boundloop.policy.budget import Usage
-
-if TYPE_CHECKING:
-    from boundloop.policy.replay import RunState
 
 
 class CompletedAction(msgspec.Struct, frozen=True):
@@ -55,14 +50,3 @@ class RunResult(msgspec.Struct, frozen=True):
     usage: Usage
     elapsed_s: float
 
-
-class RecoveredRun(msgspec.Struct, frozen=True):
-    """A run left open by a runner that is gone, now owned by the runner that recovered it.
-
-    ``state`` is rebuilt by the replay fold; ``unresolved`` lists its actions whose outcome
-    is not known. Nothing was executed to find them.
-    """
-
-    run_id: str
-    state: RunState
-    unresolved: list[UnresolvedAction]

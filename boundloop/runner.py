@@ -48,7 +48,8 @@ from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
 from boundloop.policy.redact import Scrubber, digests_in, journal_safe, storable
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
-from boundloop.results import RecoveredRun, RunResult
+from boundloop.recovery import RecoveredRun
+from boundloop.results import RunResult
 from boundloop.telemetry import Telemetry
 from boundloop.tools import Tool
 
