@@ -132,3 +132,12 @@ def test_event_classes_named_in_spec() -> None:
             assert "execution_id" in {f.name for f in msgspec.structs.fields(cls)}
     finished = {f.name for f in msgspec.structs.fields(events.RunFinished)}
     assert finished >= {"status", "exhausted_limit", "explanation", "model_steps", "tool_calls"}
+
+
+def test_every_exception_boundloop_exports_is_a_boundloop_error() -> None:
+    """DESIGN rule 7: one exception tree (McpToolError was a bare RuntimeError)."""
+    raised = [getattr(bl, n) for n in bl.__all__
+              if inspect.isclass(getattr(bl, n)) and issubclass(getattr(bl, n), BaseException)]
+    assert bl.McpToolError in raised
+    assert [c.__name__ for c in raised if not issubclass(c, bl.BoundloopError)] == []
+    assert issubclass(bl.McpToolError, RuntimeError)  # what it was before: still caught
