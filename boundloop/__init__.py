@@ -7,7 +7,7 @@ intent durably before its effect, and can rebuild any run by replaying its event
 from boundloop import events
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock, FakeClock
-from boundloop.context import ModelContext
+from boundloop.context import Model, ModelContext
 from boundloop.errors import (
     AdmissionError,
     BoundloopError,
@@ -75,7 +75,7 @@ __all__ = [
     # budgets and metering
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
-    "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
+    "Model", "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
     "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools

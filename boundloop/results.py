@@ -6,6 +6,9 @@ import msgspec
 
 from boundloop.messages import Message
 from boundloop.policy.budget import Usage
+from boundloop.policy.kinds import RunStatus
+
+__all__ = ["CompletedAction", "RunResult", "UnresolvedAction"]
 
 
 class CompletedAction(msgspec.Struct, frozen=True):
@@ -39,7 +42,8 @@ class RunResult(msgspec.Struct, frozen=True):
     """How a run ended (SPEC 1)."""
 
     run_id: str
-    status: str
+    #: One of the statuses of SPEC 3 (``boundloop.policy.kinds.RunStatus``).
+    status: RunStatus
     exhausted_limit: str | None
     explanation: str
     model_steps: int

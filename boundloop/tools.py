@@ -565,6 +565,11 @@ def _schema_problem(error: Any) -> str:
     return text
 
 
+#: A tool as ``Runner.run`` takes it: a ``bl.Tool``, or a plain function (made a Tool with
+#: the defaults of ``bl.tool``).
+ToolLike = Tool | Callable[..., Any]
+
+
 @typing.overload
 def tool(fn: Callable[..., Any], /) -> Tool: ...
 

@@ -18,6 +18,12 @@ from boundloop.events import CallResolved, Event, OwnerClaimed
 # (boundloop.owners imports nothing of the journal: no owners -> journal -> owners cycle).
 from boundloop.owners import OwnerRecord as OwnerRecord
 
+__all__ = [
+    "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
+    "answer", "batches", "check_run_id", "drain", "is_claim", "unforced_claim",
+    "valid_run_id",
+]
+
 #: Called by the journal's writer once an append is durable (None) or has failed.
 Done = Callable[[BaseException | None], None]
 
