@@ -21,6 +21,8 @@ from boundloop.policy.budget import MAX_SECONDS, MAX_WHOLE, bad_seconds
 from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, arguments_not_kept, shape_problem
 from boundloop.policy.safe_text import describe_exception
 
+__all__ = ["ArgumentError", "RetryPolicy", "Tool", "ToolContext", "ToolLike", "tool"]
+
 if typing.TYPE_CHECKING:
     from boundloop.cancel import CancelToken
     from boundloop.results import RunResult
