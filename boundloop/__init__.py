@@ -8,7 +8,7 @@ from boundloop import events
 from boundloop.agent import Agent
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock, FakeClock
-from boundloop.context import ModelContext
+from boundloop.context import Model, ModelContext
 from boundloop.errors import (
     AdmissionError,
     ApprovalError,
@@ -66,7 +66,8 @@ from boundloop.messages import (
 from boundloop.models.scripted import ScriptedModel, ScriptExhausted
 from boundloop.policy.budget import Budget, Price, Remaining, Usage
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
-from boundloop.results import CompletedAction, RecoveredRun, RunResult, UnresolvedAction
+from boundloop.recovery import RecoveredRun
+from boundloop.results import CompletedAction, RunResult, UnresolvedAction
 from boundloop.runner import Runner
 from boundloop.telemetry import Telemetry
 from boundloop.tools import RetryPolicy, Tool, ToolContext, tool
@@ -82,7 +83,7 @@ __all__ = [
     # budgets and metering
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
-    "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
+    "Model", "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
     "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools

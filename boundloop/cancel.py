@@ -6,6 +6,8 @@ import itertools
 import threading
 from collections.abc import Callable
 
+__all__ = ["CancelToken"]
+
 _keys = itertools.count()
 
 

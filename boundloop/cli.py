@@ -1,7 +1,7 @@
 """The ``boundloop`` command: a thin layer over the library (SPEC 10).
 
 Every command reads the journal from ``--journal DIR``, else ``$BOUNDLOOP_JOURNAL``, else
-``./.boundloop``. The work is done by :mod:`boundloop.inspect` (and the Runner); this module
+``./.boundloop``. The work is done by :mod:`boundloop.inspection` (and the Runner); this module
 only parses arguments and prints. ``click`` and ``rich`` are imported here, never by
 ``import boundloop``.
 """
@@ -51,7 +51,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def journal_dir(value: str | None) -> str:
     """``--journal`` (the command's, else the group's), else ``$BOUNDLOOP_JOURNAL``, else
     ``./.boundloop``."""
-    from boundloop.inspect import journal_dir as resolve
+    from boundloop.inspection import journal_dir as resolve
 
     if value is None:
         ctx = click.get_current_context(silent=True)
@@ -90,7 +90,7 @@ class Duration(_ParamType):
                 ctx: click.Context | None) -> float:
         if isinstance(value, int | float):
             return float(value)
-        from boundloop.inspect import parse_duration
+        from boundloop.inspection import parse_duration
 
         try:
             return parse_duration(str(value))
@@ -488,7 +488,7 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
          since: float | None, older_than: float | None, last: int | None, every: bool,
          tree: bool, labels: tuple[str, ...]) -> None:
     """List runs, newest first: the newest 50 unless -n N or --all."""
-    from boundloop.inspect import DAMAGED, LIMITS, STATUSES, find_runs, open_journal
+    from boundloop.inspection import DAMAGED, LIMITS, STATUSES, find_runs, open_journal
 
     wanted: dict[str, str] = {}
     for item in labels:
@@ -615,7 +615,7 @@ _RUN_COLS = (Col("run id"), Col("status"), Col("limit", shrink=8, drop=3),
 def show(journal: str | None, as_json: bool, run_id: str) -> None:
     """Show a run's timeline: what it did, and why it stopped; then its child runs and its
     completed and unresolved actions."""
-    from boundloop.inspect import open_journal, run_timeline
+    from boundloop.inspection import open_journal, run_timeline
 
     with open_journal(journal_dir(journal), readonly=True) as j:
         tl = run_timeline(j, run_id)
@@ -718,7 +718,7 @@ def _override_options(fn: F) -> F:
 def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: str | None,
            do_check: bool, **limits: Any) -> None:
     """Rebuild a run's state from its events and check it against how the run finished."""
-    from boundloop.inspect import (
+    from boundloop.inspection import (
         OPEN_EXPLANATIONS,
         check,
         load_events,
@@ -830,8 +830,8 @@ def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool,
           verbose: bool) -> None:
     """Remove finished runs older than AGE (retention) and print a summary. Open runs and
     runs recovery still needs are kept. `boundloop compact` then gives the space back."""
-    from boundloop.inspect import open_journal
-    from boundloop.inspect import prune as do_prune
+    from boundloop.inspection import open_journal
+    from boundloop.inspection import prune as do_prune
 
     out = _Out()
     with open_journal(journal_dir(journal), readonly=dry_run) as j, \
@@ -866,7 +866,7 @@ def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None
     """Check the hash chain of every run (or of RUN_IDs): one line per run with its id, its
     chain head in hex (keep it to prove the run unchanged later) and ok or what is damaged.
     Exits 1 if any run is damaged. Read-only."""
-    from boundloop.inspect import key_file_warning, verify_journal
+    from boundloop.inspection import key_file_warning, verify_journal
 
     where = journal_dir(journal)
     warning = key_file_warning(where)
@@ -897,7 +897,7 @@ def compact(journal: str | None, as_json: bool) -> None:
     """Rewrite the journal to reclaim the space of pruned runs (LMDB files never shrink by
     themselves). Crash-safe: the old journal stays whole until the new one replaces it.
     Refused while a runner or any other process has the journal open."""
-    from boundloop.inspect import compact as do_compact
+    from boundloop.inspection import compact as do_compact
 
     where = journal_dir(journal)
     if "://" in where:
@@ -929,7 +929,7 @@ def _mb(size: int) -> str:
 def export(journal: str | None, run_id: str, strip_content: bool, output: str | None) -> None:
     """Print a run's events as JSON lines, redacted, to attach to a bug report
     (`boundloop replay --events FILE` reads them back)."""
-    from boundloop.inspect import export_lines, open_journal, read_events
+    from boundloop.inspection import export_lines, open_journal, read_events
 
     with open_journal(journal_dir(journal), readonly=True) as j:
         lines = list(export_lines(read_events(j, run_id), j.secret_key,
@@ -966,7 +966,7 @@ OUTCOMES = ["succeeded", "failed", "abandoned"]
 
 def _runner(journal: str | None) -> Any:
     """A Runner on an existing journal (never creates one), and the journal to close."""
-    from boundloop.inspect import open_journal
+    from boundloop.inspection import open_journal
     from boundloop.runner import Runner
 
     j = open_journal(journal_dir(journal))
@@ -997,7 +997,7 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
             runner.close()
             j.close()
     else:
-        from boundloop.inspect import open_journal, recoverable
+        from boundloop.inspection import open_journal, recoverable
 
         with open_journal(journal_dir(journal), readonly=True) as j:
             found = recoverable(j, damaged)
@@ -1262,7 +1262,7 @@ def stats(journal: str | None, as_json: bool, since: float | None, by: str | Non
     """The telemetry's figures computed from the journal alone (SPEC 11): runs by status,
     limit hits, unknown outcomes, retries, reconciliations, reviews, tokens by kind, cost per
     finished run, run duration and model and tool latency."""
-    from boundloop.inspect import open_journal
+    from boundloop.inspection import open_journal
     from boundloop.stats import from_journal
 
     with open_journal(journal_dir(journal), readonly=True) as j:

@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Callable
 
+__all__ = ["Clock", "FakeClock"]
+
 
 class Clock:
     """The system clock: ``monotonic()`` for deadlines, ``time()`` for timestamps."""

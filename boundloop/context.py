@@ -1,13 +1,22 @@
-"""What the model callback learns about its step."""
+"""The model callback's type, and what it learns about its step."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, Protocol
 
 import msgspec
 
 from boundloop.cancel import CancelToken
+from boundloop.messages import CallTools, Final, Malformed, Message
 from boundloop.policy.budget import Remaining
+
+#: What a model returns (SPEC 2): a Final or CallTools, their dict form, or (from a provider
+#: adapter) a Malformed saying why the provider gave no usable answer. Anything else is
+#: malformed at run time, with a reason.
+ModelResponse = Final | CallTools | Malformed | dict[str, Any]
+
+__all__ = ["Model", "ModelContext", "ModelResponse"]
 
 
 class ModelContext(msgspec.Struct, frozen=True):
@@ -30,3 +39,20 @@ class ModelContext(msgspec.Struct, frozen=True):
     remaining: Remaining
     deadline: float | None
     cancel: CancelToken
+
+
+class Model(Protocol):
+    """The model: any callable ``model(history, ctx) -> response`` (SPEC 2), sync or async.
+
+    ``history`` is a fresh copy of the run's messages (mutating it changes nothing that is
+    recorded); ``ctx`` is the step's ModelContext. It returns a ``bl.Final``, a
+    ``bl.CallTools`` or their dict form; an ``async def`` model returns an awaitable of one
+    (``runner.arun`` awaits it on the caller's event loop). Plain functions, lambdas,
+    ``bl.ScriptedModel`` and the provider adapters all are Models; the parameters are
+    positional, so their names are the model's own.
+    """
+
+    def __call__(self, history: list[Message], ctx: ModelContext, /) -> (
+            ModelResponse | Awaitable[ModelResponse]):
+        """One model step: the response to ``history``."""
+        ...

@@ -6,6 +6,12 @@ Errors of models and tools are data (statuses on a RunResult), never exceptions 
 
 from __future__ import annotations
 
+__all__ = [
+    "AdmissionError", "BoundloopError", "ConfigError", "JournalCorrupt", "JournalError",
+    "JournalUnavailable", "LeaseLost", "RecoveryError", "RunnerClosed", "SequenceConflict",
+    "UnknownRun", "ApprovalError",
+]
+
 
 class BoundloopError(Exception):
     """Root of every exception boundloop raises."""

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from boundloop.errors import ConfigError
+from boundloop.errors import BoundloopError, ConfigError
 from boundloop.tools import RetryPolicy, Tool
 
 __all__ = ["McpToolError", "mcp_tools"]
@@ -32,8 +32,11 @@ MAX_PAGES = 1000
 MAX_ERROR_TEXT = 2000
 
 
-class McpToolError(RuntimeError):
+class McpToolError(BoundloopError, RuntimeError):
     """An MCP tool answered with ``isError: true``; the call's result is ``error``.
+
+    A ``BoundloopError`` like every exception boundloop raises (DESIGN rule 7), and still
+    a ``RuntimeError``, as it was before.
 
     Attributes:
         tool: the MCP tool's name (as the server knows it).

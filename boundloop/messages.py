@@ -21,6 +21,12 @@ from boundloop.policy.redact import (
     unstorable_reason,
 )
 
+__all__ = [
+    "AssistantMessage", "CallMessage", "CallTools", "Final", "FinalMessage", "Malformed",
+    "Message", "NoticeMessage", "Response", "ToolCall", "ToolResultMessage", "UserMessage",
+    "copy_history", "to_history",
+]
+
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 
 

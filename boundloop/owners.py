@@ -14,7 +14,23 @@ import os
 import socket
 import time
 
-from boundloop.journal.base import OwnerRecord
+import msgspec
+
+
+class OwnerRecord(msgspec.Struct, frozen=True):
+    """A runner process that drives runs: how to tell whether it is still there.
+
+    ``boot_id`` and ``pidns`` say which machine boot and which pid namespace ``pid`` is
+    from: the process check is used only when both match the reader's own (SPEC 6).
+    """
+
+    owner: str
+    pid: int
+    host: str
+    started: float
+    lease_until: float
+    boot_id: str = ""
+    pidns: str = ""
 
 
 def process_start(pid: int) -> float:

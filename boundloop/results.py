@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
 from boundloop.messages import Message
 from boundloop.policy.budget import Usage
+from boundloop.policy.kinds import RunStatus
 
-if TYPE_CHECKING:
-    from boundloop.policy.replay import RunState
+__all__ = ["CompletedAction", "RunResult", "UnresolvedAction"]
 
 
 class CompletedAction(msgspec.Struct, frozen=True):
@@ -44,7 +42,8 @@ class RunResult(msgspec.Struct, frozen=True):
     """How a run ended (SPEC 1)."""
 
     run_id: str
-    status: str
+    #: One of the statuses of SPEC 3 (``boundloop.policy.kinds.RunStatus``).
+    status: RunStatus
     exhausted_limit: str | None
     explanation: str
     model_steps: int
@@ -55,14 +54,3 @@ class RunResult(msgspec.Struct, frozen=True):
     usage: Usage
     elapsed_s: float
 
-
-class RecoveredRun(msgspec.Struct, frozen=True):
-    """A run left open by a runner that is gone, now owned by the runner that recovered it.
-
-    ``state`` is rebuilt by the replay fold; ``unresolved`` lists its actions whose outcome
-    is not known. Nothing was executed to find them.
-    """
-
-    run_id: str
-    state: RunState
-    unresolved: list[UnresolvedAction]

@@ -30,6 +30,7 @@ from boundloop.actors.workers import MAX_THREADS, Workers, waiting
 from boundloop.agent import Agent, check_labels
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
+from boundloop.context import Model
 from boundloop.errors import (
     AdmissionError,
     ApprovalError,
@@ -50,11 +51,13 @@ from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
 from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
+from boundloop.policy.kinds import RunStatus
 from boundloop.policy.redact import Scrubber, digests_in, journal_safe, storable
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
-from boundloop.results import RecoveredRun, RunResult
+from boundloop.recovery import RecoveredRun
+from boundloop.results import RunResult
 from boundloop.telemetry import Telemetry
-from boundloop.tools import Tool
+from boundloop.tools import Tool, ToolLike
 
 #: Statuses a run ends with that ``resume`` continues (besides runs left open).
 RESUMABLE = ("needs_review", "journal_unavailable", "awaiting_approval")
@@ -405,7 +408,8 @@ class Runner:
                     break
         return out
 
-    def resume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
+    def resume(self, run_id: str, model: Model | Agent, tools: Sequence[ToolLike] = (),
+               *,
                cancel: CancelToken | None = None, permit: Permit | None = None) -> RunResult:
         """Resolve what a recovered (or reviewed) run left open, then continue it with the
         budgets it had left; returns its RunResult (``needs_review`` when a person must
@@ -417,7 +421,8 @@ class Runner:
         """
         return self.submit_resume(run_id, model, tools, cancel=cancel, permit=permit).result()
 
-    def submit_resume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
+    def submit_resume(self, run_id: str, model: Model | Agent,
+                      tools: Sequence[ToolLike] = (), *,
                       cancel: CancelToken | None = None,
                       permit: Permit | None = None) -> Future[RunResult]:
         """``resume``, returning a Future instead of waiting."""
@@ -529,7 +534,8 @@ class Runner:
         return self._journal
 
     # -- runs --------------------------------------------------------------------------
-    def run(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
+    def run(self, model: Model | Agent, tools: Sequence[ToolLike] = (),
+            prompt: str | None = None, *,
             history: Sequence[Any] | None = None, budget: Budget | None = None,
             cancel: CancelToken | None = None, run_id: str | None = None,
             permit: Permit | None = None,
@@ -539,7 +545,8 @@ class Runner:
                            cancel=cancel, run_id=run_id, permit=permit,
                            labels=labels).result()
 
-    def submit(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
+    def submit(self, model: Model | Agent, tools: Sequence[ToolLike] = (),
+               prompt: str | None = None, *,
                history: Sequence[Any] | None = None, budget: Budget | None = None,
                cancel: CancelToken | None = None, run_id: str | None = None,
                permit: Permit | None = None,
@@ -917,7 +924,7 @@ class Runner:
         finally:
             self._budget.tell(Close(spec.run_id))  # a refused child never settled
 
-    def _refused(self, spec: RunSpec, status: str, detail: str) -> RunResult:
+    def _refused(self, spec: RunSpec, status: RunStatus, detail: str) -> RunResult:
         explanation = decide.explain(decide.Stop(status, detail=detail), spec.budget)
         return RunResult(spec.run_id, status, None, explanation, 0, 0, list(spec.history), [],
                          [], Usage(), 0.0)
@@ -1002,7 +1009,8 @@ class Runner:
         self.close()
 
     # -- asyncio -----------------------------------------------------------------------
-    async def arun(self, model: Any, tools: Sequence[Any] = (), prompt: str | None = None, *,
+    async def arun(self, model: Model | Agent, tools: Sequence[ToolLike] = (),
+                   prompt: str | None = None, *,
                    history: Sequence[Any] | None = None, budget: Budget | None = None,
                    cancel: CancelToken | None = None, run_id: str | None = None,
                    permit: Permit | None = None,
@@ -1019,7 +1027,8 @@ class Runner:
             _check_new(spec, prompt, history)
         return await _await_run(existing or self._start(spec, 0), spec.cancel)
 
-    async def aresume(self, run_id: str, model: Any, tools: Sequence[Any] = (), *,
+    async def aresume(self, run_id: str, model: Model | Agent,
+                      tools: Sequence[ToolLike] = (), *,
                       cancel: CancelToken | None = None,
                       permit: Permit | None = None) -> RunResult:
         """``resume`` from asyncio code, on the calling task's event loop (see ``arun``)."""

@@ -21,6 +21,9 @@ from boundloop.policy.budget import MAX_SECONDS, MAX_WHOLE, bad_seconds
 from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, arguments_not_kept, shape_problem
 from boundloop.policy.safe_text import describe_exception
 
+__all__ = ["ApprovalRule", "ArgumentError", "RetryPolicy", "Tool", "ToolContext", "ToolLike",
+           "tool"]
+
 #: ``needs_approval`` as a callable: ``(call, ctx) -> bool`` (a ``bl.ToolCall`` and the
 #: step's ``bl.ModelContext``), True when this call must wait for a person.
 ApprovalRule = Callable[[Any, Any], Any]
@@ -579,6 +582,11 @@ def _schema_problem(error: Any) -> str:
     if error.absolute_path:
         text += f" - at `{_cut(str(error.json_path))}`"
     return text
+
+
+#: A tool as ``Runner.run`` takes it: a ``bl.Tool``, or a plain function (made a Tool with
+#: the defaults of ``bl.tool``).
+ToolLike = Tool | Callable[..., Any]
 
 
 @typing.overload

@@ -7,8 +7,10 @@ whatever it decides folds legally onto the state it decided from.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -226,3 +228,34 @@ def test_whatever_the_decider_says_folds_and_follows_spec_5(
         else:
             assert stop is not None and stop.status == "malformed_response"
     assert state.model_steps == steps_before + 1  # the step always counts
+
+
+# -- malformed responses are explained in a person's words, not Python's -------------------
+@pytest.mark.parametrize(("raw", "said"), [
+    (None, "not nothing (None)"),
+    ("hello", "not a string"),
+    (42, "not a number"),
+    ([bl.Final("x")], "not a list"),
+    ((1, 2), "not a list"),
+    (b"raw", "not bytes"),
+    (print, "not a function"),
+    (object(), "not an object object"),
+    ({"kind": "calls", "calls": [None]}, "call 1 is nothing (None), not an object"),
+    ({"kind": "final", "text": True}, "the final response's text is true or false"),
+])
+def test_a_malformed_response_is_explained_in_plain_words(raw: Any, said: str) -> None:
+    got = decide.parse_response(raw)
+    assert isinstance(got, bl.Malformed)
+    assert said in got.reason, got.reason
+    # Python's names for these types (and JSON's for None) are not a person's words
+    assert not re.search(r"\b(NoneType|str|int|float|tuple|builtin_function_or_method|null)\b",
+                         got.reason), got.reason
+
+
+def test_a_users_own_type_is_named_as_an_object_of_that_type() -> None:
+    class Reply:
+        pass
+
+    got = decide.parse_response(Reply())
+    assert isinstance(got, bl.Malformed)
+    assert got.reason.endswith("not a Reply object"), got.reason

@@ -1,4 +1,4 @@
-"""boundloop.inspect: golden journals replay and check with the current code; the check
+"""boundloop.inspection: golden journals replay and check with the current code; the check
 catches changed policies; listing, timeline, prune and export on journals of real runs."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 import boundloop as bl
 from boundloop import events as ev
-from boundloop import inspect as bi
+from boundloop import inspection as bi
 from boundloop.journal import codec
 from boundloop.testing import FaultyJournal
 

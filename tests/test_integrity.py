@@ -501,44 +501,112 @@ def test_a_lock_file_removed_while_in_use_fails_closed(tmp_path: Path, how: str)
     assert cli("verify", journal=path).returncode == 0
 
 
-SECOND_RUNNER = """
+#: A runner in a process of its own: one run, then it holds the journal open until told
+#: (a line on stdin) to try another run; it prints each run's status.
+HOLDER = """
 import sys
 import boundloop as bl
 sys.path.insert(0, sys.argv[2])
 from test_integrity import _model, transfer
 with bl.Runner(sys.argv[1]) as runner:
-    for n in range(3):
-        result = runner.run(_model(), [transfer], "pay bob", run_id=f"second-{n}",
+    for run_id in ("first-0", "first-1"):
+        result = runner.run(_model(), [transfer], "pay bob", run_id=run_id,
                             budget=bl.Budget(max_model_steps=5, max_tool_calls=5))
-        assert result.status == "final", result.explanation
+        print(result.status, result.explanation, flush=True)
+        sys.stdin.readline()
+"""
+
+#: A second runner, in another process: it must be refused at open, writing nothing.
+SECOND_RUNNER = """
+import sys
+import boundloop as bl
+sys.path.insert(0, sys.argv[2])
+from test_integrity import _model, transfer
+try:
+    runner = bl.Runner(sys.argv[1])
+except bl.JournalError as exc:
+    print("refused", type(exc).__name__, exc)
+    sys.exit(0)
+with runner:
+    result = runner.run(_model(), [transfer], "pay bob", run_id="second-0",
+                        budget=bl.Budget(max_model_steps=5, max_tool_calls=5))
+print("opened", result.status)
 """
 
 
-def test_a_second_runner_after_the_lock_file_was_removed_does_not_damage_the_first(
-        tmp_path: Path) -> None:
-    """The issue's scenario: lock.mdb deleted under a live runner, and another runner opens
-    the journal (making a new lock file) and writes. The first refuses to write from then on,
-    so the two never write without coordination: nothing acknowledged is lost, every run
-    verifies."""
+def _digest(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256((path / "data.mdb").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("how", ["removed", "replaced"])
+def test_a_second_runner_after_the_lock_file_was_removed_is_refused(tmp_path: Path,
+                                                                    how: str) -> None:
+    """The issue's scenario, with real processes: lock.mdb deleted (or replaced) under a
+    live runner, and another process opens a Runner on the journal, making a new lock
+    file. Its writers and the first's would not exclude each other (SPEC 6: such a journal
+    "is refused, not written"): the second is refused at open with a JournalError saying
+    why, and writes nothing; the first refuses to write from then on too."""
     path = tmp_path / "journal"
-    with bl.Runner(path) as first:
-        done = first.run(_model(), [transfer], "pay bob", run_id="first-0",
-                         budget=bl.Budget(max_model_steps=5, max_tool_calls=5))
-        assert done.status == "final"
+    here = str(Path(__file__).parent)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), here],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().split()[0] == "final"
         (path / "lock.mdb").unlink()
-        second = subprocess.run([sys.executable, "-c", SECOND_RUNNER, str(path),
-                                 str(Path(__file__).parent)],
+        if how == "replaced":
+            (path / "lock.mdb").write_bytes(b"\0" * 8192)
+        before = _digest(path)
+        second = subprocess.run([sys.executable, "-c", SECOND_RUNNER, str(path), here],
                                 capture_output=True, text=True, timeout=120)
         assert second.returncode == 0, second.stderr
-        refused = first.run(_model(), [transfer], "pay bob", run_id="first-1",
-                            budget=bl.Budget(max_model_steps=5, max_tool_calls=5))
-        assert refused.status == "journal_unavailable"
-        assert "removed or replaced" in refused.explanation
+        assert second.stdout.startswith("refused JournalUnavailable"), second.stdout
+        assert "lock.mdb" in second.stdout and "removed or replaced" in second.stdout
+        assert _digest(path) == before  # the refused runner wrote nothing
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        refused = holder.stdout.readline()
+        assert refused.startswith("journal_unavailable") and "removed or replaced" in refused
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        assert holder.wait(timeout=60) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+    # Once the first runner is gone, the journal opens again and everything it
+    # acknowledged is there, intact.
     with LmdbJournal(path, readonly=True) as j:
-        assert sorted(j.runs()) == ["first-0", "second-0", "second-1", "second-2"]
-        for run_id in j.runs():
-            assert bl.replay(j.events(run_id)).status == "final"
+        assert sorted(j.runs()) == ["first-0"]
+        assert bl.replay(j.events("first-0")).status == "final"
     assert cli("verify", journal=path).returncode == 0
+    second = subprocess.run([sys.executable, "-c", SECOND_RUNNER, str(path), here],
+                            capture_output=True, text=True, timeout=120)
+    assert second.stdout.startswith("opened final"), second.stdout + second.stderr
+
+
+def test_runners_of_one_lock_file_are_not_refused(tmp_path: Path) -> None:
+    """The check at open refuses a lock file other than the one in use, never a second
+    process sharing the same lock file."""
+    path = tmp_path / "journal"
+    here = str(Path(__file__).parent)
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), here],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().split()[0] == "final"
+        second = subprocess.run([sys.executable, "-c", SECOND_RUNNER, str(path), here],
+                                capture_output=True, text=True, timeout=120)
+        assert second.stdout.startswith("opened final"), second.stdout + second.stderr
+        holder.stdin.write("\n\n")
+        holder.stdin.close()
+        assert holder.stdout.readline().startswith("final")
+        assert holder.wait(timeout=60) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 # -- file modes ------------------------------------------------------------------------------

@@ -7,33 +7,34 @@ import threading
 from pathlib import Path
 
 import pytest
-from journal_contract import JournalContract, admitted, several, step
+from journal_contract import admitted, several, step
 from raw_journal import stored_bodies
 
 import boundloop as bl
 from boundloop.journal import LmdbJournal, codec
+from boundloop.testing import JournalContract
 
 
 class TestLmdbJournal(JournalContract):
-    def make_journal(self, path: Path) -> LmdbJournal:
+    def make_store(self, path: Path) -> LmdbJournal:
         return LmdbJournal(path)
 
 
 class TestLmdbJournalWithoutSync(JournalContract):
     """The whole contract holds with fsync off too (only crash durability differs)."""
 
-    def make_journal(self, path: Path) -> LmdbJournal:
+    def make_store(self, path: Path) -> LmdbJournal:
         return LmdbJournal(path, sync=False)
 
 
 class TestLmdbJournalCompressed(JournalContract):
     """The whole contract holds when the records are stored compressed (format 3)."""
 
-    def make_journal(self, path: Path) -> LmdbJournal:
+    def make_store(self, path: Path) -> LmdbJournal:
         return LmdbJournal(path, sync=False, compress=True)
 
     def test_the_records_are_stored_compressed(self, path: Path) -> None:
-        with self.make_journal(path) as j:
+        with self.make_store(path) as j:
             j.append("run-compressed", 0, several("run-compressed"))
         bodies = stored_bodies(path)
         assert len(bodies) == len(several("x")) and all(b[0] == codec.MARK for b in bodies)

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from journal_contract import JournalContract, admitted, several, step
+from journal_contract import admitted, several, step
 
 import boundloop as bl
 from boundloop import events as ev
 from boundloop.journal.base import Fence, OwnerRecord
+from boundloop.testing import JournalContract
 
 psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3: pip "
                                                 "install 'boundloop[postgres]'")
@@ -62,7 +63,7 @@ class TestPostgresJournal(JournalContract):
     def _server(self, pg: PgServer) -> None:
         self.url = pg.url()
 
-    def make_journal(self, path: Path) -> PostgresJournal:
+    def make_store(self, path: Path) -> PostgresJournal:
         return PostgresJournal(self.url, schema=schema_for(path))
 
     # A PostgreSQL journal has no directory: what the two tests of its mode mean here is
@@ -90,7 +91,7 @@ class TestPostgresJournal(JournalContract):
         _sql(self.url, f'CREATE SCHEMA "{schema}"')
         _sql(self.url, f'ALTER DEFAULT PRIVILEGES IN SCHEMA "{schema}" GRANT ALL ON TABLES '
                        "TO PUBLIC")
-        j = self.make_journal(path)
+        j = self.make_store(path)
         try:
             j.append("r1", 0, [admitted("r1")])
             for table in ("boundloop_runs", "boundloop_events", "boundloop_meta",
@@ -104,11 +105,11 @@ class TestPostgresJournal(JournalContract):
 class TestPostgresJournalCompressed(TestPostgresJournal):
     """The whole contract again with the records stored compressed (format 3)."""
 
-    def make_journal(self, path: Path) -> PostgresJournal:
+    def make_store(self, path: Path) -> PostgresJournal:
         return PostgresJournal(self.url, schema=schema_for(path), compress=True)
 
     def test_the_records_are_stored_compressed(self, path: Path) -> None:
-        with self.make_journal(path) as j:
+        with self.make_store(path) as j:
             j.append("run-compressed", 0, several("run-compressed"))
         rows = _sql(self.url, f'SELECT body FROM "{schema_for(path)}".boundloop_events')
         assert len(rows) == len(several("x")) and all(bytes(b)[0] == codec.MARK

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import types
 import typing
+from pathlib import Path
 
 import msgspec
 import pytest
 
 import boundloop as bl
 from boundloop import events
+from boundloop.policy.kinds import RunStatus
 
 EXPECTED = {
     # running
@@ -22,7 +25,7 @@ EXPECTED = {
     # budgets and metering
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
-    "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
+    "Model", "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
     "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
@@ -135,3 +138,116 @@ def test_event_classes_named_in_spec() -> None:
             assert "execution_id" in {f.name for f in msgspec.structs.fields(cls)}
     finished = {f.name for f in msgspec.structs.fields(events.RunFinished)}
     assert finished >= {"status", "exhausted_limit", "explanation", "model_steps", "tool_calls"}
+
+
+def test_every_exception_boundloop_exports_is_a_boundloop_error() -> None:
+    """DESIGN rule 7: one exception tree (McpToolError was a bare RuntimeError)."""
+    raised = [getattr(bl, n) for n in bl.__all__
+              if inspect.isclass(getattr(bl, n)) and issubclass(getattr(bl, n), BaseException)]
+    assert bl.McpToolError in raised
+    assert [c.__name__ for c in raised if not issubclass(c, bl.BoundloopError)] == []
+    assert issubclass(bl.McpToolError, RuntimeError)  # what it was before: still caught
+
+
+# -- every public module's surface is pinned (trio's test_exports) ---------------------------
+#: The ``__all__`` of every public module that has one. A module that grows an ``__all__``
+#: (or changes it) changes this table in the same commit: the surface moves on purpose only.
+MODULE_ALL: dict[str, set[str]] = {
+    "boundloop": EXPECTED,
+    "boundloop.cancel": {"CancelToken"},
+    "boundloop.clock": {"Clock", "FakeClock"},
+    "boundloop.context": {"Model", "ModelContext", "ModelResponse"},
+    "boundloop.errors": {
+        "AdmissionError", "BoundloopError", "ConfigError", "JournalCorrupt", "JournalError",
+        "JournalUnavailable", "LeaseLost", "RecoveryError", "RunnerClosed", "SequenceConflict",
+        "UnknownRun", "ApprovalError"},
+    "boundloop.inspection": {
+        "ChainReport", "CheckReport", "CompactReport", "Divergence", "LIMITS", "PruneReport",
+        "Rebuilt", "RecordedModelError", "RunList", "RunSummary", "STATUSES", "Timeline",
+        "TimelineRow", "check", "compact", "describe", "event_name", "event_type",
+        "export_lines", "find_runs", "journal_dir", "key_file_warning", "list_runs",
+        "load_events", "open_journal", "owner_alive", "parse_duration", "prune",
+        "read_events", "rebuild", "recorded_budget", "recoverable", "run_children",
+        "run_timeline", "state_word", "timeline", "verify_chains", "verify_journal",
+        "AwaitingCall", "waiting_note"},
+    "boundloop.journal": {"Journal", "LmdbJournal", "OwnerRecord", "RunInfo"},
+    "boundloop.journal.base": {
+        "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
+        "answer", "batches", "check_run_id", "drain", "is_claim", "unforced_claim",
+        "valid_run_id"},
+    "boundloop.journal.postgres": {
+        "PostgresJournal", "SCHEMA_VERSION", "SCHEMES", "is_url", "open_url", "url_scheme"},
+    "boundloop.mcp": {"McpToolError", "mcp_tools"},
+    "boundloop.messages": {
+        "AssistantMessage", "CallMessage", "CallTools", "Final", "FinalMessage", "Malformed",
+        "Message", "NoticeMessage", "Response", "ToolCall", "ToolResultMessage", "UserMessage",
+        "copy_history", "to_history"},
+    "boundloop.models": {"ScriptExhausted", "ScriptedModel"},
+    "boundloop.models.anthropic": {"AnthropicModel", "AsyncAnthropicModel"},
+    "boundloop.models.scripted": {"ScriptExhausted", "ScriptedModel"},
+    "boundloop.models.openai": {
+        "AsyncOpenAIChatModel", "AsyncOpenAIResponsesModel", "OpenAIChatModel",
+        "OpenAIResponsesModel"},
+    "boundloop.recovery": {"RecoveredRun"},
+    "boundloop.results": {"CompletedAction", "RunResult", "UnresolvedAction"},
+    "boundloop.telemetry": {"Fanout", "OtelMetrics", "Projection", "Sink", "Telemetry"},
+    "boundloop.testing": {"FaultyJournal", "JournalContract", "MODES"},
+    "boundloop.tools": {"ApprovalRule", "ArgumentError", "RetryPolicy", "Tool", "ToolContext",
+                        "ToolLike", "tool"},
+}
+
+#: Modules a user imports by name (README, SPEC): each must say what it exports.
+MUST_HAVE_ALL = {
+    "boundloop", "boundloop.cancel", "boundloop.clock", "boundloop.context", "boundloop.errors",
+    "boundloop.inspection", "boundloop.journal", "boundloop.journal.base", "boundloop.mcp",
+    "boundloop.messages", "boundloop.models", "boundloop.models.anthropic",
+    "boundloop.models.openai", "boundloop.models.scripted", "boundloop.recovery",
+    "boundloop.results", "boundloop.testing", "boundloop.tools"}
+
+
+def public_modules() -> list[str]:
+    """Every module of the package whose dotted name has no ``_``-prefixed part."""
+    root = Path(bl.__file__).parent
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        parts = ["boundloop", *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        if not any(p.startswith("_") for p in parts[1:]):
+            out.append(".".join(parts))
+    return out
+
+
+def test_the_walk_finds_the_public_modules() -> None:
+    found = public_modules()
+    assert {"boundloop", "boundloop.runner", "boundloop.testing", "boundloop.journal.lmdb"} \
+        <= set(found)
+    assert not [m for m in found if "._" in m]
+
+
+@pytest.mark.parametrize("name", public_modules())
+def test_every_public_modules_all_is_pinned(name: str) -> None:
+    module = importlib.import_module(name)
+    names = getattr(module, "__all__", None)
+    if names is None:
+        assert name not in MUST_HAVE_ALL, f"{name} is imported by users: give it an __all__"
+        assert name not in MODULE_ALL, f"{name} lost its __all__"
+        return
+    assert len(names) == len(set(names)), f"duplicate names in {name}.__all__"
+    assert name in MODULE_ALL, f"{name}.__all__ is not pinned in MODULE_ALL: {sorted(names)}"
+    assert set(names) == MODULE_ALL[name]
+    for attr in names:
+        obj = getattr(module, attr)  # every exported name exists
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            own = vars(obj).get("__doc__") if inspect.isclass(obj) else obj.__doc__
+            assert isinstance(own, str) and own.strip(), f"{name}.{attr} has no docstring"
+
+
+def test_the_model_protocol_types_the_runner() -> None:
+    """``bl.Model`` is what run/submit/arun/resume take, and ``RunResult.status`` is the
+    RunStatus Literal (so a type checker sees a user's mistakes; see test_typing)."""
+    for method in (bl.Runner.run, bl.Runner.submit, bl.Runner.arun, bl.Runner.resume,
+                   bl.Runner.submit_resume, bl.Runner.aresume):
+        assert typing.get_type_hints(method)["model"] == bl.Model | bl.Agent, method.__name__
+    assert typing.get_type_hints(bl.RunResult)["status"] == RunStatus
+

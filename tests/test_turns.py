@@ -103,7 +103,7 @@ MALFORMED = [
     ({"kind": "final", "text": 3}, "the final response's text is a number, not a string"),
     ({"kind": "sk-secret-kind"}, "the response's kind is a string other than"),
     ({"text": "hi"}, "the response has no `kind`"),
-    ("just text", "a response must be bl.Final, bl.CallTools or a dict, not str"),
+    ("just text", "a response must be bl.Final, bl.CallTools or a dict, not a string"),
     (bl.CallTools([bl.ToolCall("c1", "search", {"query": "a"})], text=5),  # type: ignore[arg-type]
      "the calls response's text is a number, not a string"),
 ]

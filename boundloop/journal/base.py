@@ -14,6 +14,16 @@ import msgspec
 from boundloop.errors import ConfigError, UnknownRun
 from boundloop.events import CallResolved, Event, OwnerClaimed
 
+# Defined with the liveness rules that read it; re-exported here, as part of the interface
+# (boundloop.owners imports nothing of the journal: no owners -> journal -> owners cycle).
+from boundloop.owners import OwnerRecord as OwnerRecord
+
+__all__ = [
+    "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
+    "answer", "batches", "check_run_id", "drain", "is_claim", "unforced_claim",
+    "valid_run_id",
+]
+
 #: Called by the journal's writer once an append is durable (None) or has failed.
 Done = Callable[[BaseException | None], None]
 
@@ -40,22 +50,6 @@ class Fence(msgspec.Struct, frozen=True):
 
     owner: str
     epoch: int
-
-
-class OwnerRecord(msgspec.Struct, frozen=True):
-    """A runner process that drives runs: how to tell whether it is still there.
-
-    ``boot_id`` and ``pidns`` say which machine boot and which pid namespace ``pid`` is
-    from: the process check is used only when both match the reader's own (SPEC 6).
-    """
-
-    owner: str
-    pid: int
-    host: str
-    started: float
-    lease_until: float
-    boot_id: str = ""
-    pidns: str = ""
 
 
 def valid_run_id(run_id: object) -> bool:

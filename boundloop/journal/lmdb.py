@@ -16,7 +16,7 @@ msgspec error escapes raw. A journal of format 1 (before the chain) is refused w
 do, not read unchecked. Before LMDB maps ``data.mdb``, the file is checked against LMDB's own
 meta pages (``check_data_file``), so a truncated file is an error, never a SIGBUS; LMDB has
 no checksums of its own B-tree pages, though, so damage inside them can still crash it
-(``inspect.verify_journal`` reads in a child process for that reason). Before each write
+(``inspection.verify_journal`` reads in a child process for that reason). Before each write
 transaction, ``lock.mdb`` must still be the file the environment opened: once it was removed
 or replaced, this journal writes nothing more (writers would no longer exclude each other).
 """
@@ -445,6 +445,11 @@ LOCK_MIN_WAIT_S = 0.1
 LOCK_SLICE_S = 0.05
 #: The byte of lock.mdb that boundloop's own write lock is on (LMDB's locks are elsewhere).
 _WRITE_LOCK_BYTE = 1 << 40
+#: Where, in data.mdb (which LMDB never locks), each writer holds a read lock on the byte
+#: ``_IN_USE_BASE + the inode of its lock.mdb``: writers of one lock file share a byte, so a
+#: lock on any other byte of the span is a live process whose lock file is not this one.
+_IN_USE_BASE = 1 << 61
+_IN_USE_SPAN = 1 << 61
 
 
 class _LockTimeout(JournalUnavailable):
@@ -673,6 +678,7 @@ class LmdbJournal(keys.KeyedJournal, Journal):
                     "boundloop.journal.lmdb.acquire()")
             _opened[self._real] = self
         self._lock_fd = -1
+        self._data_fd = -1
         self._lock_id: tuple[int, int] | None = None
         self._lock_lost = ""
         try:
@@ -866,11 +872,48 @@ class LmdbJournal(keys.KeyedJournal, Journal):
             raise JournalUnavailable(f"the journal at {self.path} is being compacted "
                                      "(`boundloop compact`); retry when that has finished") \
                 from None
+        if not self.readonly:
+            self._claim_data_file(st.st_ino)
+
+    def _claim_data_file(self, lock_ino: int) -> None:
+        """Refuse a journal that a live process uses through another ``lock.mdb``.
+
+        A lock file removed or replaced while in use is not seen by whoever opens the
+        journal next: LMDB makes a new one, and that writer and the old one would no longer
+        exclude each other (SPEC 6). So every writer takes a read lock on its lock file's
+        byte of data.mdb (an OFD lock: per open file, dropped by the kernel when the
+        process dies), then looks for a lock on any other byte: one there is a live writer
+        whose lock file is gone or replaced, and this journal is refused before it writes
+        anything. Two writers racing to open with different lock files both lock before
+        they look, so at least one of them sees the other."""
+        self._data_fd = os.open(self.path / "data.mdb", os.O_RDONLY | os.O_CLOEXEC)
+        mine = _IN_USE_BASE + lock_ino % _IN_USE_SPAN
+
+        def lock(kind: int, start: int, length: int, cmd: int) -> int:
+            raw = fcntl.fcntl(self._data_fd, cmd,
+                              struct.pack("hhqqi4x", kind, os.SEEK_SET, start, length, 0))
+            return int(struct.unpack("hhqqi4x", raw)[0])
+
+        lock(fcntl.F_RDLCK, mine, 1, fcntl.F_OFD_SETLK)
+        end = _IN_USE_BASE + _IN_USE_SPAN
+        for start, stop in ((_IN_USE_BASE, mine), (mine + 1, end)):
+            # A write lock is what is asked about: any other process's read lock conflicts
+            # (a length of 0 would mean "to the end of the file and beyond": skipped).
+            if stop > start and lock(fcntl.F_WRLCK, start, stop - start,
+                                     fcntl.F_OFD_GETLK) != fcntl.F_UNLCK:
+                raise JournalUnavailable(
+                    f"the journal at {self.path} is in use by another process whose lock.mdb "
+                    "was removed or replaced while it was open; this process and that one "
+                    "would write without excluding each other, so nothing is written here: "
+                    "stop every runner on this journal, then reopen it")
 
     def _release_lock_file(self) -> None:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
+        if self._data_fd >= 0:
+            os.close(self._data_fd)  # and with it the read lock of _claim_data_file
+            self._data_fd = -1
 
     def _check_lock(self) -> None:
         """Before a write transaction: ``lock.mdb`` must still be the file this environment
@@ -1567,15 +1610,18 @@ _opened_lock = threading.Lock()
 
 
 def _forked() -> None:
-    """In a child made by fork() without exec: let go of every journal's lock.mdb descriptor.
+    """In a child made by fork() without exec: let go of every journal's lock.mdb descriptor
+    (and data.mdb's, which holds the in-use lock of ``_claim_data_file``).
     It shares the parent's open file, and with it the parent's write lock and compaction
     flock: a child that outlived a killed parent would hold them (LMDB's own locks are not
     inherited). The child cannot use the journal anyway (``_usable``)."""
     for journal in list(_opened.values()):
-        if journal._lock_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(journal._lock_fd)
-            journal._lock_fd = -1
+        for name in ("_lock_fd", "_data_fd"):
+            fd = getattr(journal, name, -1)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(journal, name, -1)
 
 
 os.register_at_fork(after_in_child=_forked)

@@ -8,6 +8,8 @@ from typing import Any
 
 from boundloop.errors import BoundloopError
 
+__all__ = ["ScriptExhausted", "ScriptedModel"]
+
 
 class ScriptExhausted(BoundloopError):
     """The ScriptedModel was called more often than it has responses."""

@@ -109,17 +109,32 @@ def _reported_usage(raw: Any) -> Usage | None:
         return None
 
 
+#: What a value is, in a person's words (an explanation never names a Python type such as
+#: ``NoneType``; a model's author reads it, and so may the model, in a notice).
+_KINDS: dict[type, str] = {
+    str: "a string", int: "a number", float: "a number", bool: "true or false",
+    list: "a list", tuple: "a list", dict: "an object", type(None): "nothing (None)",
+    bytes: "bytes", bytearray: "bytes", set: "a set", frozenset: "a set",
+}
+
+
 def _kind_of(value: Any) -> str:
-    return {str: "a string", int: "a number", float: "a number", bool: "a boolean",
-            list: "a list", dict: "an object", type(None): "null"}.get(
-        type(value), f"a {type(value).__name__}")
+    kind = _KINDS.get(type(value))
+    if kind is not None:
+        return kind
+    if callable(value):
+        # A model that hands back a function (or a coroutine function) instead of calling it.
+        return "a function"
+    name = type(value).__name__
+    # Anything else is an object of the caller's own type: named as such, not as a type.
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name} object"
 
 
 def _shape_reason(raw: Any) -> str | None:
     """What makes ``raw`` (the dict form) not a response, as a plain sentence, else None."""
     if not isinstance(raw, dict):
         return (f"a response must be bl.Final, bl.CallTools or a dict, not "
-                f"{type(raw).__name__}")
+                f"{_kind_of(raw)}")
     kind = raw.get("kind")
     if kind not in ("final", "calls"):
         # The value itself is not echoed: whatever the model put there may be a secret.

@@ -15,7 +15,7 @@ first, mutations after; nothing is copied.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 import msgspec
 
@@ -40,6 +40,7 @@ from boundloop.policy.kinds import (
     Phase,
     RecordStatus,
     Resolution,
+    RunStatus,
     SucceededStatus,
 )
 from boundloop.results import CompletedAction, RunResult, UnresolvedAction
@@ -172,7 +173,9 @@ class RunState(msgspec.Struct):
     def result(self, elapsed_s: float | None = None) -> RunResult:
         """The RunResult this state reports."""
         return RunResult(
-            run_id=self.run_id, status=self.status, exhausted_limit=self.exhausted_limit,
+            # A result is made once the run stopped: its status is one of RUN_STATUSES
+            run_id=self.run_id, status=cast(RunStatus, self.status),
+            exhausted_limit=self.exhausted_limit,
             explanation=self.explanation, model_steps=self.model_steps,
             tool_calls=self.tool_calls, transcript=copy_history(self.transcript),
             completed=self.completed, unresolved=self.unresolved, usage=self.usage,

@@ -42,7 +42,8 @@ from boundloop.policy.budget import (
 )
 from boundloop.policy.redact import PREFIX, digest, is_credential
 from boundloop.policy.replay import ReplayError, RunState, apply, replay
-from boundloop.results import CompletedAction, RecoveredRun, UnresolvedAction
+from boundloop.recovery import RecoveredRun
+from boundloop.results import CompletedAction, UnresolvedAction
 from boundloop.tools import ArgumentError, Tool
 
 __all__ = [
@@ -52,7 +53,8 @@ __all__ = [
     "PruneReport", "prune", "export_lines", "event_name", "event_type", "describe",
     "owner_alive", "state_word", "RunList", "find_runs", "run_children", "run_timeline",
     "RecordedModelError", "recoverable", "ChainReport", "verify_chains",
-    "key_file_warning", "CompactReport", "compact", "verify_journal",
+    "key_file_warning", "CompactReport", "compact", "verify_journal", "AwaitingCall",
+    "waiting_note",
 ]
 
 #: Statuses a run can end with (SPEC 3), then the two states of a run with no RunFinished:
@@ -1386,7 +1388,7 @@ def verify_journal(path: str | os.PathLike[str] | None = None,
     from boundloop import errors
 
     where = journal_dir(path)
-    code = "from boundloop.inspect import _verify_child; _verify_child()"
+    code = "from boundloop.inspection import _verify_child; _verify_child()"
     reports: dict[str, ChainReport] = {}
     todo = list(run_ids)
     mode = "some" if run_ids else "all"

@@ -1,7 +1,4 @@
-"""Deterministic test tools that ship with boundloop: a fault-injecting journal wrapper.
-
-(``ScriptedModel`` and ``FakeClock`` are exported from ``boundloop`` itself.)
-"""
+"""A fault-injecting journal wrapper (``boundloop.testing.FaultyJournal``)."""
 
 from __future__ import annotations
 
