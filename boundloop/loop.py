@@ -243,6 +243,10 @@ def _approvals(rules: list[tuple[Any, ToolCall]], ctx: ModelContext) -> list[boo
 
 Effect = Commit | InvokeModel | Dispatch | Reconcile | Ledger | CallUser
 
+#: What an attempt that ran leaves: recorded even when the run stops on a fenced runner.
+_ATTEMPT_FACTS = (ev.CallSucceeded, ev.CallFailed, ev.CallTimedOut, ev.CallOutcomeUnknown,
+                  ev.CallReconciled)
+
 
 # -- the run's fixed inputs ----------------------------------------------------------------
 class RunSpec(msgspec.Struct, kw_only=True):
@@ -649,7 +653,10 @@ class Driver:
             if self.pending and self.spec.lease_ok is not None and not self.spec.lease_ok():
                 # This runner fenced itself (its lease, or a worker shutting down) while the
                 # journal works: what its attempts did is recorded, fenced as ever, so a
-                # resume elsewhere knows it instead of finding unknown outcomes.
+                # resume elsewhere knows it instead of finding unknown outcomes. Only those
+                # facts: calls it did not start stay as a crash leaves them, for the resume
+                # to settle (the model never saw them skipped).
+                self.pending = [e for e in self.pending if isinstance(e, _ATTEMPT_FACTS)]
                 try:
                     yield from self.commit()
                 except JournalError:
