@@ -7,6 +7,7 @@ import functools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -46,6 +47,62 @@ PROJECTOR_IDLE_S = 2.0
 MAX_QUEUED_RUNS = 100_000
 
 
+#: Meters and instruments are made once per provider and meter, not once per Telemetry:
+#: the API's proxy meter provider (the global one until an SDK is set) keeps every meter and
+#: instrument made on it for ever, so that it can hand them to an SDK set later; made per
+#: Telemetry, a process that makes a Runner per request grew ~3 KB a Runner without bound.
+#: Weak keys: a provider (and its meters) given by a test or application can still go.
+_MADE_LOCK = threading.Lock()
+_METERS: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _cached(cache: weakref.WeakKeyDictionary[Any, Any], key: Any,
+            make: Callable[[], Any]) -> Any:
+    with _MADE_LOCK:
+        try:
+            found = cache.get(key)
+        except TypeError:  # neither hashable nor weakly referable: made each time
+            return make()
+        if found is None:
+            found = make()
+            try:
+                cache[key] = found
+            except TypeError:
+                pass
+        return found
+
+
+def meter(provider: MeterProvider) -> Meter:
+    """boundloop's meter on ``provider``, made once per provider (see ``_METERS``)."""
+    made: Meter = _cached(_METERS, provider, lambda: provider.get_meter(n.SCOPE))
+    return made
+
+
+def instruments(meter: Meter) -> dict[str, Any]:
+    """How to record each metric of ``names.METRICS`` on ``meter`` (a counter's ``add``, a
+    histogram's ``record``), the instruments made once per meter (see ``_METERS``)."""
+    made: dict[str, Any] = _cached(_INSTRUMENTS, meter, lambda: _make_instruments(meter))
+    return made
+
+
+def _make_instruments(meter: Meter) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in n.METRICS:
+        if m.kind == "counter":
+            inst: Any = meter.create_counter(m.name, unit=m.unit, description=m.description)
+            out[m.name] = inst.add
+            continue
+        try:
+            inst = meter.create_histogram(
+                m.name, unit=m.unit, description=m.description,
+                explicit_bucket_boundaries_advisory=list(m.buckets))
+        except TypeError:  # opentelemetry-api < 1.23 takes no advisory
+            inst = meter.create_histogram(m.name, unit=m.unit, description=m.description)
+        out[m.name] = inst.record
+    return out
+
+
 class OtelMetrics:
     """A sink recording to OpenTelemetry instruments made from ``meter``, one per metric of
     ``names.METRICS``.
@@ -61,19 +118,7 @@ class OtelMetrics:
     def __init__(self, meter: Meter, schedule: Callable[[], None] = lambda: None) -> None:
         self._lock = threading.Lock()
         self._schedule = schedule
-        self._instruments: dict[str, Any] = {}
-        for m in n.METRICS:
-            if m.kind == "counter":
-                inst: Any = meter.create_counter(m.name, unit=m.unit, description=m.description)
-                self._instruments[m.name] = inst.add
-                continue
-            try:
-                inst = meter.create_histogram(
-                    m.name, unit=m.unit, description=m.description,
-                    explicit_bucket_boundaries_advisory=list(m.buckets))
-            except TypeError:  # opentelemetry-api < 1.23 takes no advisory
-                inst = meter.create_histogram(m.name, unit=m.unit, description=m.description)
-            self._instruments[m.name] = inst.record
+        self._instruments = instruments(meter)
         #: counter additions not yet given to the SDK, by (metric, attribute values)
         self._pending: dict[tuple[str, tuple[str, ...]], float] = {}
         self._attrs: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
@@ -185,9 +230,8 @@ class Telemetry:
         self._given_meters = meter_provider
         self._sinks = sinks
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(n.SCOPE)
-        self._otel_metrics = OtelMetrics(
-            (meter_provider or metrics.get_meter_provider()).get_meter(n.SCOPE),
-            self._schedule)
+        self._otel_metrics = OtelMetrics(meter(meter_provider or metrics.get_meter_provider()),
+                                         self._schedule)
         self._timer: threading.Timer | None = None
         self._timer_lock = threading.Lock()
         self._projection = Projection(None, None, capture_content=capture_content,
