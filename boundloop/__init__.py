@@ -54,6 +54,7 @@ from boundloop.messages import (
     Malformed,
     Message,
     NoticeMessage,
+    ResponseInfo,
     ToolCall,
     ToolResultMessage,
     UserMessage,
@@ -75,7 +76,7 @@ __all__ = [
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
     "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
-    "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
+    "Malformed", "ResponseInfo", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",

@@ -21,7 +21,7 @@ EXPECTED = {
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
     "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
-    "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
+    "Malformed", "ResponseInfo", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",

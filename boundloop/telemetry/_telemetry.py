@@ -130,7 +130,9 @@ class OtelMetrics:
         key = (name, values)
         attrs = self._attrs.get(key)
         if attrs is None:
-            attrs = dict(zip(keys, values, strict=True))
+            # An empty value is an attribute the observation does not have (error.type of
+            # a call that completed), left out as the conventions ask.
+            attrs = {k: v for k, v in zip(keys, values, strict=True) if v}
             if len(self._attrs) < 10_000:  # series are few (statuses, limits, tools, models)
                 self._attrs[key] = attrs
         return attrs
