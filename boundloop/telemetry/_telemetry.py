@@ -210,7 +210,10 @@ class Telemetry:
     parent's tool span), and a projector thread works through them while the journal waits
     for its disk, when the loop would be idle anyway; whatever is left is projected when the
     run ends, before its result is given, so a run's spans have ended and been exported (by a
-    synchronous span processor) when ``run`` returns. Counter additions and journal-commit
+    synchronous span processor) when ``run`` returns. A run's span is a child of the span
+    current where it was started (``link``), and while its model calls and tool handlers run,
+    their ``chat`` and ``execute_tool`` spans are current (``chat_context``,
+    ``tool_context``; see ``boundloop.telemetry._links``). Counter additions and journal-commit
     figures wait at most ``FLUSH_S`` (1 s) before they reach the SDK (``flush`` records them
     at once: call it at shutdown). Nothing it does can fail a run: an error in it is logged
     (once) to the ``boundloop.telemetry`` logger and that observation is dropped. Thread-safe.

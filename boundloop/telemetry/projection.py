@@ -5,7 +5,11 @@ the projection is fed the journal form of each run's events after they are durab
 rebuilds from them what happened: a run span from RunAdmitted to RunFinished, a model-step
 span per ModelStepStarted/Completed, a tool span per attempt (CallDispatched to its outcome),
 and the metric observations of ``names.METRICS``. Timestamps are the events' own ``ts``
-(wall clock), so spans show when things happened, not when they were observed.
+(wall clock), so spans show when things happened, not when they were observed. Given
+``ids``, ``chat`` and ``execute_tool`` spans get ids derived from the events (see
+``boundloop.telemetry._links``): the ids of the spans that were current, live, while the
+model call or the tool handler ran; a run linked to its caller (``links``) hangs under the
+caller's span.
 
 The same projection, without a tracer, computes ``boundloop stats`` from a journal (see
 ``boundloop.stats``), so the figures an operator reads from the journal are the metrics'.
