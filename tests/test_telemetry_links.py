@@ -470,3 +470,47 @@ def test_the_adapters_say_their_provider_and_each_responses_id_model_and_finish(
         {"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]}
     assert responses._parse(answer, tools).info == bl.ResponseInfo(
         "resp_1", "gpt-x-2025", "stop")
+
+
+class _OtherTracer:
+    """A tracer of another SDK: spans, but no ``id_generator`` to give ids through."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def start_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.start_span(*args, **kwargs)
+
+    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
+        return self._inner.start_as_current_span(*args, **kwargs)
+
+
+class _OtherProvider:
+    def __init__(self, inner: TracerProvider) -> None:
+        self._inner = inner
+
+    def get_tracer(self, *args: Any, **kwargs: Any) -> Any:
+        return _OtherTracer(self._inner.get_tracer(*args, **kwargs))
+
+
+def test_with_another_sdks_tracer_runs_and_handlers_nest_under_the_caller(
+        tmp_path: Path) -> None:
+    otel = Otel()
+    telemetry = bl.Telemetry(tracer_provider=_OtherProvider(otel.tracer_provider))
+    app = otel.app
+
+    @bl.tool
+    def echo(text: str) -> str:
+        with app.start_as_current_span("in the tool"):
+            return text
+
+    runner = bl.Runner(tmp_path / "j", sync=False, telemetry=telemetry, redaction_key=KEY)
+    with runner, app.start_as_current_span("request") as request:
+        runner.run(bl.ScriptedModel(calls_then_final()), tools=[echo], prompt="x")
+    telemetry.flush()
+    spans = list(otel.exporter.get_finished_spans())
+    want = request.get_span_context().span_id
+    run = one(spans, names.SPAN_RUN)
+    assert run.parent is not None and run.parent.span_id == want
+    inner = one(spans, "in the tool")
+    assert inner.parent is not None and inner.parent.span_id == want

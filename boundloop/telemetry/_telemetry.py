@@ -416,19 +416,24 @@ class Telemetry:
 
     def chat_context(self, run_id: str, step: int) -> Context | None:
         """The context to run step ``step``'s model call in: the caller's, with the step's
-        ``chat`` span current (so a span the provider SDK makes nests under it); None when
-        the run is not linked (no SDK, or a tracer whose span ids cannot be given)."""
+        ``chat`` span current (so a span the provider SDK makes nests under it); just the
+        caller's with a tracer whose span ids cannot be given; None when the run is not
+        linked (no SDK)."""
         link = self._links.get(run_id)
-        if link is None or not link.linkable:
+        if link is None:
             return None
+        if not link.linkable:
+            return link.context
         return link.current(chat_span_id(link.trace_id, run_id, step))
 
     def tool_context(self, run_id: str, execution_id: str, attempt: int) -> Context | None:
         """The context to run a tool attempt in: the caller's, with its ``execute_tool`` span
         current (see ``chat_context``)."""
         link = self._links.get(run_id)
-        if link is None or not link.linkable:
+        if link is None:
             return None
+        if not link.linkable:
+            return link.context
         return link.current(tool_span_id(link.trace_id, run_id, execution_id, attempt))
 
     def before_sync(self) -> None:
