@@ -74,6 +74,7 @@ def test_runners_opened_and_closed_leave_nothing_behind(tmp_path: Path) -> None:
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3600)  # ~60 ms a Runner on the 2-core machine
 def test_ten_thousand_runners_leave_nothing_behind(tmp_path: Path) -> None:
     n = 10_000
     counts, proxy_growth = _cycles(tmp_path / "j", n)
