@@ -38,7 +38,8 @@ class RunLink(NamedTuple):
     the run was started in (its current span, if valid, is the run span's parent)."""
 
     trace_id: int
-    flags: int
+    #: Whether its spans are sampled (made once a run, not once a span).
+    flags: TraceFlags
     #: The caller's context (its baggage goes to the handlers and model calls too).
     context: Context
     #: True when the caller's context holds a valid span: the run span's parent.
@@ -49,7 +50,7 @@ class RunLink(NamedTuple):
     def current(self, span_id: int) -> Context:
         """The caller's context with span ``span_id`` of this run's trace current."""
         span = NonRecordingSpan(SpanContext(self.trace_id, span_id, is_remote=False,
-                                            trace_flags=TraceFlags(self.flags)))
+                                            trace_flags=self.flags))
         return trace.set_span_in_context(span, self.context)
 
 

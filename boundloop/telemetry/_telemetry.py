@@ -60,8 +60,8 @@ MAX_QUEUED_RUNS = 100_000
 #: Runs linked to their callers' traces at once (see ``Telemetry.link``); past that, a run
 #: starts a trace of its own and its handlers' spans nest under nothing of it.
 MAX_LINKS = 100_000
-_SAMPLED = int(TraceFlags.SAMPLED)
-_UNSAMPLED = int(TraceFlags.DEFAULT)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 
 
 #: Meters and instruments are made once per provider and meter, not once per Telemetry:
@@ -385,7 +385,7 @@ class Telemetry:
             parent = trace.get_current_span(ctx).get_span_context()
             linkable = self._ids is not None
             if parent.is_valid:
-                link = RunLink(parent.trace_id, int(parent.trace_flags), ctx, True, linkable)
+                link = RunLink(parent.trace_id, parent.trace_flags, ctx, True, linkable)
             else:
                 up = self._links.get(parent_run_id) if parent_run_id is not None else None
                 if up is not None:
@@ -404,7 +404,7 @@ class Telemetry:
             return made
         return random.getrandbits(128) or 1
 
-    def _root_flags(self, trace_id: int) -> int:
+    def _root_flags(self, trace_id: int) -> TraceFlags:
         """Whether the root span of trace ``trace_id`` will be sampled: asked of the tracer's
         sampler now (the projection asks it again, with the same trace id, later), so what
         handlers make under the run's spans is sampled with them."""

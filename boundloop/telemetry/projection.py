@@ -332,7 +332,8 @@ class Projection:
             if att is not None and att.ctx is not None:
                 if att.span is None:
                     att.span = self._start_span(att.span_name, att.ctx, att.base_attributes(),
-                                                att.start_ns, _INTERNAL, att.span_id)
+                                                att.start_ns, _INTERNAL,
+                                                att.span_id if self.ids is not None else 0)
                 return trace.set_span_in_context(att.span)
         if parent_run_id is not None:
             parent = self.runs.get(parent_run_id)
@@ -563,7 +564,8 @@ class Projection:
         if self.capture_content and run.response is not None:
             attrs[n.OUTPUT_MESSAGES] = content([run.response])
         span = self._start_span(run.chat_name, run.ctx, attrs, _ns(start), _CLIENT,
-                                chat_span_id(run.trace_id, run.run_id, run.step))
+                                chat_span_id(run.trace_id, run.run_id, run.step)
+                                if self.ids is not None else 0)
         if run.step_outcome in _ERROR_STEPS:
             span.set_attribute(n.ERROR_TYPE, run.step_outcome)
             span.set_status(StatusCode.ERROR, run.step_outcome)
@@ -679,7 +681,7 @@ class Projection:
                 attrs[n.TOOL_RESULT] = content(result)
         if span is None:
             span = self._start_span(att.span_name, att.ctx, attrs, att.start_ns, _INTERNAL,
-                                    att.span_id)
+                                    att.span_id if self.ids is not None else 0)
         else:
             span.set_attributes(attrs)
         if error is not None or outcome == n.UNFINISHED:
