@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -33,11 +34,18 @@ def _proxy_objects() -> int:
     return len(meters) + sum(len(getattr(m, "_instruments", [])) for m in meters)
 
 
-def _settled_objects() -> int:
-    # Runner threads end a moment after close; what they hold goes with them.
-    time.sleep(0.2)
-    gc.collect()
-    return len(gc.get_objects())
+def _settled_objects(threads: int) -> int:
+    """Live objects once the last Runner's threads are gone: the least of a few counts (what
+    a closing Runner leaves goes a moment later, a leak stays)."""
+    deadline = time.monotonic() + 10
+    while threading.active_count() > threads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    counts = []
+    for _ in range(4):
+        gc.collect()
+        counts.append(len(gc.get_objects()))
+        time.sleep(0.05)
+    return min(counts)
 
 
 def _cycles(path: Path, n: int) -> tuple[list[int], int]:
@@ -50,12 +58,13 @@ def _cycles(path: Path, n: int) -> tuple[list[int], int]:
     for _ in range(20):  # warm: caches, interned names, the first meter and instruments
         cycle()
     proxy_before = _proxy_objects()
-    counts = [_settled_objects()]
+    threads = threading.active_count()
+    counts = [_settled_objects(threads)]
     step = max(n // 5, 1)
     for i in range(1, n + 1):
         cycle()
         if i % step == 0:
-            counts.append(_settled_objects())
+            counts.append(_settled_objects(threads))
     return counts, _proxy_objects() - proxy_before
 
 
