@@ -59,6 +59,7 @@ from boundloop.messages import (
     Malformed,
     Message,
     NoticeMessage,
+    ResponseInfo,
     ToolCall,
     ToolResultMessage,
     UserMessage,
@@ -84,7 +85,7 @@ __all__ = [
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
     "Model", "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
-    "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
+    "Malformed", "ResponseInfo", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",

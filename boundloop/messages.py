@@ -24,7 +24,7 @@ from boundloop.policy.redact import (
 __all__ = [
     "AssistantMessage", "CallMessage", "CallTools", "Final", "FinalMessage", "Malformed",
     "Message", "NoticeMessage", "Response", "ToolCall", "ToolResultMessage", "UserMessage",
-    "copy_history", "to_history",
+    "ResponseInfo", "copy_history", "to_history",
 ]
 
 NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
@@ -157,24 +157,40 @@ class ToolCall(msgspec.Struct, frozen=True):
     arguments: dict[str, Any]
 
 
+class ResponseInfo(msgspec.Struct, frozen=True, omit_defaults=True):
+    """What the provider said about a response, journaled with it (in ``ModelStepCompleted``)
+    and shown on the step's ``chat`` span (OpenTelemetry GenAI conventions): ``id``
+    (``gen_ai.response.id``), the ``model`` that answered (``gen_ai.response.model``) and
+    the provider's ``finish_reason`` (``gen_ai.response.finish_reasons``). The provider
+    adapters fill it in; every field is optional."""
+
+    id: str | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+
+
 class Final(msgspec.Struct, frozen=True, tag_field="kind", tag="final"):
-    """A model response that ends the run with ``text``."""
+    """A model response that ends the run with ``text``; ``info``, what the provider said
+    about it (see ``ResponseInfo``)."""
 
     kind: ClassVar[str] = "final"
     text: str
     usage: Usage | None = None
+    info: ResponseInfo | None = None
 
 
 class CallTools(msgspec.Struct, frozen=True, tag_field="kind", tag="calls"):
     """A model response asking for one or more tool calls; ``text`` is what the model said
     alongside them, ``content`` provider-specific blocks (any msgpack-storable value) that
-    an adapter must send back verbatim with this turn."""
+    an adapter must send back verbatim with this turn; ``info``, what the provider said about
+    it (see ``ResponseInfo``)."""
 
     kind: ClassVar[str] = "calls"
     calls: Annotated[list[ToolCall], msgspec.Meta(min_length=1)]
     usage: Usage | None = None
     text: str | None = None
     content: Any = None
+    info: ResponseInfo | None = None
 
 
 Response = Final | CallTools

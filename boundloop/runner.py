@@ -278,7 +278,7 @@ class Runner:
         if hasattr(journal, "before_sync"):  # and say when they wait for the disk
             journal.before_sync = self.telemetry.before_sync
         self._workers = Workers(model_threads, tool_threads, self.clock, max_threads)
-        self._executor = ExecutorActor.start(self._workers)
+        self._executor = ExecutorActor.start(self._workers, self.telemetry)
         self._budget = BudgetActor.start()
         self._admission = AdmissionActor.start(self._journal, max_in_flight)
         self._supervisors = [
@@ -880,8 +880,11 @@ class Runner:
                 lambda f: token.cancel("the caller cancelled the run's Future")
                 if f.cancelled() else self._keep_scrubber(spec.run_id, scrubber, f))
             shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
+            # Here, in the caller's thread or task: its current span is the run's parent.
+            self.telemetry.link(spec.run_id, spec.parent_run_id)
             self._supervisors[shard].tell(StartRun(spec, future, seq))
         except pykka.ActorDeadError:
+            self.telemetry.release(spec.run_id)
             _settle_closed(future)
         finally:
             with self._lock:

@@ -26,7 +26,7 @@ EXPECTED = {
     "Budget", "Remaining", "Usage", "Price",
     # models and messages
     "Model", "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
-    "Malformed", "Message", "UserMessage", "AssistantMessage", "CallMessage",
+    "Malformed", "ResponseInfo", "Message", "UserMessage", "AssistantMessage", "CallMessage",
     "ToolResultMessage", "FinalMessage", "NoticeMessage",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",
@@ -181,7 +181,7 @@ MODULE_ALL: dict[str, set[str]] = {
     "boundloop.messages": {
         "AssistantMessage", "CallMessage", "CallTools", "Final", "FinalMessage", "Malformed",
         "Message", "NoticeMessage", "Response", "ToolCall", "ToolResultMessage", "UserMessage",
-        "copy_history", "to_history"},
+        "ResponseInfo", "copy_history", "to_history"},
     "boundloop.models": {"ScriptExhausted", "ScriptedModel"},
     "boundloop.models.anthropic": {"AnthropicModel", "AsyncAnthropicModel"},
     "boundloop.models.scripted": {"ScriptExhausted", "ScriptedModel"},

@@ -25,6 +25,7 @@ from boundloop.actors.workers import NotStarted, Workers, outcome, tell
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
 from boundloop.policy import decide
 from boundloop.policy.safe_text import describe_exception
+from boundloop.telemetry import Telemetry
 from boundloop.tools import ToolContext
 
 Stage = Literal["queued", "recording", "launched", "running", "delay", "reconciling", "done"]
@@ -110,9 +111,11 @@ def reconcile_result(value: Any, error: BaseException | None) -> tuple[bool | No
 class ExecutorActor(Actor):
     """Performs Dispatch and Reconcile effects."""
 
-    def __init__(self, workers: Workers) -> None:
+    def __init__(self, workers: Workers, telemetry: Telemetry | None = None) -> None:
         super().__init__()
         self.workers = workers
+        #: makes each attempt's execute_tool span current in its handler (linked traces)
+        self.telemetry = telemetry
         self.batches: dict[int, _Batch] = {}
         self._ids = itertools.count()
 
@@ -247,8 +250,11 @@ class ExecutorActor(Actor):
                 timer.after(timeout, lambda: tell(me, _TimedOut(bid, index, gen, timeout)))
             return True
 
+        otel = None if self.telemetry is None else \
+            self.telemetry.tool_context(p.run_id, p.execution_id, call.attempt)
         future = self.workers.start(self.workers.tool_pool, tool.handler, (),
-                                    tool.bind(p.kwargs, ctx), on_start, loop=d.loop)
+                                    tool.bind(p.kwargs, ctx), on_start, loop=d.loop,
+                                    context=otel)
         call.future = future
         self._tell_when_done(future, lambda v, e: _Done(bid, index, gen, v, e))
 

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import msgspec
 import pykka
+from opentelemetry.context import Context as OtelContext
 
 from boundloop import events as ev
 from boundloop.actors._base import Actor
@@ -291,7 +292,12 @@ class SupervisorActor(Actor):
                     "this runner's lease ran out (was the process paused?): it fenced itself "
                     "and did not call the model; another runner may take the run over"))
             case InvokeModel(model=model, history=history, ctx=ctx):
-                self._call_user(run_id, run, model, (history, ctx), ctx.deadline, ctx.cancel)
+                # The step's chat span is current in the model call (a provider SDK's spans
+                # nest under it).
+                otel = None if self.telemetry is None else \
+                    self.telemetry.chat_context(run_id, ctx.step)
+                self._call_user(run_id, run, model, (history, ctx), ctx.deadline, ctx.cancel,
+                                otel)
             case Ledger():
                 def settled(reply: Any) -> None:
                     tell(me, EffectDone(run_id, reply, generation=generation))
@@ -313,7 +319,8 @@ class SupervisorActor(Actor):
 
     # -- user calls under the deadline wall -------------------------------------------
     def _call_user(self, run_id: str, run: _Run, fn: Callable[..., Any],
-                   args: tuple[Any, ...], deadline: float | None, cancel: Any) -> None:
+                   args: tuple[Any, ...], deadline: float | None, cancel: Any,
+                   otel: OtelContext | None = None) -> None:
         me, token = self.actor_ref, next(self._tokens)
         call = _UserCall(token, deadline)
 
@@ -325,7 +332,8 @@ class SupervisorActor(Actor):
                 return True
 
         future = call.future = self.workers.start(self.workers.model_pool, fn, args, {},
-                                                  on_start, loop=run.driver.spec.loop)
+                                                  on_start, loop=run.driver.spec.loop,
+                                                  context=otel)
         run.call = call
 
         def returned(f: Future[Any]) -> None:

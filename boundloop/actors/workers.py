@@ -23,6 +23,8 @@ from types import FunctionType, MethodType
 from typing import Any
 
 import pykka
+from opentelemetry import context as otel_context
+from opentelemetry.context import Context
 
 from boundloop.clock import Clock
 
@@ -449,12 +451,15 @@ class Workers:
 
     def start(self, pool: Pool, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any], on_start: Callable[[], bool] | None = None,
-              loop: asyncio.AbstractEventLoop | None = None) -> Future[Any]:
+              loop: asyncio.AbstractEventLoop | None = None,
+              context: Context | None = None) -> Future[Any]:
         """Start ``fn(*args, **kwargs)``: on ``loop`` (default: the runner's) if it is async,
         else on ``pool``. ``on_start()`` runs right before ``fn`` does (so a timeout can
         count from the real start, not from a wait in the pool's queue); when it returns
         False, ``fn`` is not run and the future fails with NotStarted. Whatever ``fn``
-        raises, even while a coroutine is being created, arrives through the future."""
+        raises, even while a coroutine is being created, arrives through the future.
+        ``context`` (an OpenTelemetry context) is the current one while ``fn`` runs (its
+        ``chat`` or ``execute_tool`` span, so spans made inside nest under it)."""
         if is_async(fn):
             if on_start is not None and not on_start():
                 return _failed(NotStarted())
@@ -462,7 +467,7 @@ class Workers:
                 coroutine = fn(*args, **kwargs)
             except BaseException as exc:  # noqa: BLE001 - a wrong signature, say
                 return _failed(exc)
-            wrapper = _await(coroutine)
+            wrapper = _await(coroutine, context)
             try:
                 return asyncio.run_coroutine_threadsafe(wrapper, loop or self.loop)
             except RuntimeError as exc:  # the caller's loop was closed meanwhile
@@ -470,17 +475,30 @@ class Workers:
                 if inspect.iscoroutine(coroutine):
                     coroutine.close()
                 return _failed(exc)
+        if context is not None:
+            return pool.submit(self._call_in, context, on_start, fn, args, kwargs)
         return pool.submit(self._call_sync, on_start, fn, args, kwargs)
 
     def _call_sync(self, on_start: Callable[[], bool] | None, fn: Callable[..., Any],
-                   args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                   args: tuple[Any, ...], kwargs: dict[str, Any],
+                   context: Context | None = None) -> Any:
         if on_start is not None and not on_start():
             raise NotStarted()
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):  # a sync callable that returned a coroutine
             with waiting():
-                return asyncio.run_coroutine_threadsafe(_await(result), self.loop).result()
+                return asyncio.run_coroutine_threadsafe(_await(result, context),
+                                                        self.loop).result()
         return result
+
+    def _call_in(self, context: Context, on_start: Callable[[], bool] | None,
+                 fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # A separate path, so a call without telemetry pays nothing for it.
+        token = otel_context.attach(context)
+        try:
+            return self._call_sync(on_start, fn, args, kwargs, context)
+        finally:
+            otel_context.detach(token)
 
     def compensate(self, future: Future[Any]) -> None:
         """``future``'s call was abandoned: its thread (if any) is replaced in its pool."""
@@ -526,7 +544,10 @@ class UserRaised(Exception):
     KeyboardInterrupt, a SystemExit): it ends that call as an error, like any other."""
 
 
-async def _await(awaitable: Any) -> Any:
+async def _await(awaitable: Any, context: Context | None = None) -> Any:
+    # Attached inside the task: a task runs in a copy of the context it was made in, so
+    # this reaches the awaited code and ends with the task.
+    token = otel_context.attach(context) if context is not None else None
     try:
         return await awaitable
     except asyncio.CancelledError:
@@ -538,6 +559,9 @@ async def _await(awaitable: Any) -> Any:
     except (KeyboardInterrupt, SystemExit, GeneratorExit) as exc:
         # In a task these would stop the application's event loop (asyncio re-raises them).
         raise UserRaised(f"it raised {type(exc).__name__}") from None
+    finally:
+        if token is not None:
+            otel_context.detach(token)
 
 
 async def _cancel_all() -> None:

@@ -40,7 +40,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from boundloop.errors import ConfigError
-from boundloop.messages import Malformed
+from boundloop.messages import Malformed, ResponseInfo
 from boundloop.policy.budget import Price, Usage, priced
 
 if TYPE_CHECKING:
@@ -461,6 +461,19 @@ def make_usage(input_tokens: Any, output_tokens: Any, cache_write_tokens: Any = 
     usage = Usage(_count(input_tokens), _count(output_tokens), _count(cache_write_tokens),
                   _count(cache_read_tokens))
     return priced(usage, price)
+
+
+def response_info(response_id: Any, model: Any, finish_reason: Any) -> ResponseInfo | None:
+    """The provider's id, model and finish reason of a response (each kept only when it is
+    a non-empty string, cut at 256 characters), None when it says none of them."""
+    def text(value: Any) -> str | None:
+        return value[:256] if isinstance(value, str) and value else None
+
+    info = ResponseInfo(text(response_id), text(model), text(finish_reason))
+    return info if info != _NO_INFO else None
+
+
+_NO_INFO = ResponseInfo()
 
 
 def malformed(reason: str, usage: Usage | None = None) -> Malformed:

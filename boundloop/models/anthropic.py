@@ -74,6 +74,7 @@ from boundloop.models._common import (
     parse_arguments,
     provider_schema,
     require_sdk,
+    response_info,
     result_text,
     status_of,
     transient_status,
@@ -135,6 +136,8 @@ class AnthropicModel:
     """
 
     max_output_tokens: int
+    #: ``gen_ai.provider.name`` of its ``chat`` spans (OpenTelemetry GenAI conventions).
+    provider = "anthropic"
 
     def __new__(cls, client: Any, *args: Any, **kwargs: Any) -> AnthropicModel:
         sdk = _sdk()
@@ -269,13 +272,14 @@ class AnthropicModel:
         text = "".join(str(getattr(b, "text", "") or "") for b in blocks
                        if getattr(b, "type", None) == "text")
         uses = [b for b in blocks if getattr(b, "type", None) == "tool_use"]
+        info = response_info(getattr(message, "id", None), getattr(message, "model", None), stop)
         if stop in ("end_turn", "stop_sequence", "tool_use") and uses:
             calls = [ToolCall(str(b.id), names.from_provider(str(b.name)),
                               _arguments(getattr(b, "input", None))) for b in uses]
             return CallTools(calls, usage=usage, text=text or None,
-                             content=[_stored_block(b) for b in blocks])
+                             content=[_stored_block(b) for b in blocks], info=info)
         if stop in ("end_turn", "stop_sequence"):
-            return Final(text, usage=usage)
+            return Final(text, usage=usage, info=info)
         if stop == "tool_use":
             return malformed("the model stopped to use a tool (stop reason `tool_use`) but "
                              "its response holds no tool_use block", usage)

@@ -94,6 +94,7 @@ from boundloop.models._common import (
     parse_arguments,
     provider_schema,
     require_sdk,
+    response_info,
     result_text,
     status_of,
     transient_status,
@@ -190,6 +191,8 @@ def _transient(exc: BaseException) -> bool:
 class _OpenAIModel:
     """What the Chat and Responses adapters share: arguments, the client, retries."""
 
+    #: ``gen_ai.provider.name`` of its ``chat`` spans (OpenTelemetry GenAI conventions).
+    provider = "openai"
     #: create() arguments the adapter builds itself.
     _RESERVED: frozenset[str] = frozenset()
     _SYNC: type[_OpenAIModel] | None = None
@@ -396,10 +399,11 @@ class OpenAIChatModel(_OpenAIModel):
                 name = names.from_provider(str(_field(custom, "name") or ""))
                 arguments = _field(custom, "input")
             calls.append(ToolCall(str(_field(tool_call, "id") or ""), name, arguments))
+        info = response_info(_field(response, "id"), _field(response, "model"), finish)
         if calls:
-            return CallTools(calls, usage=usage, text=text or None)
+            return CallTools(calls, usage=usage, text=text or None, info=info)
         if text:
-            return Final(text, usage=usage)
+            return Final(text, usage=usage, info=info)
         return malformed("the model ended its turn with neither text nor a tool call "
                          f"(finish_reason `{finish}`)", usage)
 
@@ -555,11 +559,15 @@ class OpenAIResponsesModel(_OpenAIModel):
                                       names.from_provider(str(_field(item, "name") or "")),
                                       parse_arguments(_field(item, "arguments"))))
         text = "".join(texts)
+        # The Responses API has no finish reason: a completed response stopped by itself, or
+        # to call tools (the names Chat Completions gives those two).
+        info = response_info(_field(response, "id"), _field(response, "model"),
+                             "tool_calls" if calls else "stop")
         if calls:
             return CallTools(calls, usage=usage, text=text or None,
-                             content=[_as_dict(item) for item in output])
+                             content=[_as_dict(item) for item in output], info=info)
         if text:
-            return Final(text, usage=usage)
+            return Final(text, usage=usage, info=info)
         return malformed("the model ended its turn with neither text nor a tool call", usage)
 
     def _usage(self, usage: Any) -> Usage | None:

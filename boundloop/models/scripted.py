@@ -26,15 +26,23 @@ class ScriptedModel:
         seen: the history each call received, in order (what the model saw).
         contexts: the ModelContext of each call.
         max_output_tokens: the declared output maximum used by the default reservation.
+        provider: ``gen_ai.provider.name`` of its ``chat`` spans (default
+            ``boundloop.scripted``; a test standing in for a provider may name it).
     """
 
-    def __init__(self, responses: Iterable[Any], *, max_output_tokens: int | None = None) -> None:
+    #: ``gen_ai.provider.name`` of its ``chat`` spans (OpenTelemetry GenAI conventions).
+    provider = "boundloop.scripted"
+
+    def __init__(self, responses: Iterable[Any], *, max_output_tokens: int | None = None,
+                 provider: str | None = None) -> None:
         self._responses = list(responses)
         self._next = 0
         self._lock = threading.Lock()
         self.seen: list[list[Any]] = []
         self.contexts: list[Any] = []
         self.max_output_tokens = max_output_tokens
+        if provider is not None:
+            self.provider = provider
 
     @property
     def calls(self) -> int:

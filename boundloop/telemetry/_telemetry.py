@@ -5,18 +5,29 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context
 from opentelemetry.metrics import Meter, MeterProvider, NoOpMeterProvider
-from opentelemetry.trace import NoOpTracerProvider, ProxyTracerProvider, TracerProvider
+from opentelemetry.trace import (
+    NoOpTracerProvider,
+    ProxyTracerProvider,
+    SpanKind,
+    TraceFlags,
+    TracerProvider,
+)
 
 from boundloop import events as ev
 from boundloop.errors import ConfigError
 from boundloop.telemetry import names as n
+from boundloop.telemetry._links import FixedIds, RunLink, chat_span_id, install, tool_span_id
 from boundloop.telemetry.projection import Fanout, Projection, Sink, StateView
 
 try:  # the API's stand-in until an SDK is set globally (private name, stable since 1.10)
@@ -26,6 +37,8 @@ except ImportError:  # pragma: no cover - a future API without it: treat nothing
         pass
 
 _log = logging.getLogger("boundloop.telemetry")
+#: No parent: what a root run span's sampler is asked with.
+_NO_PARENT = Context()
 
 #: How often a Telemetry on the global providers looks again for an SDK while it has none.
 RECHECK_S = 1.0
@@ -44,6 +57,67 @@ MAX_SYNC_BUDGET_S = 1e-3
 PROJECTOR_IDLE_S = 2.0
 #: Runs whose events may wait for the projector at once; past that, observe projects at once.
 MAX_QUEUED_RUNS = 100_000
+#: Runs linked to their callers' traces at once (see ``Telemetry.link``); past that, a run
+#: starts a trace of its own and its handlers' spans nest under nothing of it.
+MAX_LINKS = 100_000
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
+
+
+#: Meters and instruments are made once per provider and meter, not once per Telemetry:
+#: the API's proxy meter provider (the global one until an SDK is set) keeps every meter and
+#: instrument made on it for ever, so that it can hand them to an SDK set later; made per
+#: Telemetry, a process that makes a Runner per request grew ~3 KB a Runner without bound.
+#: Weak keys: a provider (and its meters) given by a test or application can still go.
+_MADE_LOCK = threading.Lock()
+_METERS: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
+_INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def _cached(cache: weakref.WeakKeyDictionary[Any, Any], key: Any,
+            make: Callable[[], Any]) -> Any:
+    with _MADE_LOCK:
+        try:
+            found = cache.get(key)
+        except TypeError:  # neither hashable nor weakly referable: made each time
+            return make()
+        if found is None:
+            found = make()
+            try:
+                cache[key] = found
+            except TypeError:
+                pass
+        return found
+
+
+def meter(provider: MeterProvider) -> Meter:
+    """boundloop's meter on ``provider``, made once per provider (see ``_METERS``)."""
+    made: Meter = _cached(_METERS, provider, lambda: provider.get_meter(n.SCOPE))
+    return made
+
+
+def instruments(meter: Meter) -> dict[str, Any]:
+    """How to record each metric of ``names.METRICS`` on ``meter`` (a counter's ``add``, a
+    histogram's ``record``), the instruments made once per meter (see ``_METERS``)."""
+    made: dict[str, Any] = _cached(_INSTRUMENTS, meter, lambda: _make_instruments(meter))
+    return made
+
+
+def _make_instruments(meter: Meter) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for m in n.METRICS:
+        if m.kind == "counter":
+            inst: Any = meter.create_counter(m.name, unit=m.unit, description=m.description)
+            out[m.name] = inst.add
+            continue
+        try:
+            inst = meter.create_histogram(
+                m.name, unit=m.unit, description=m.description,
+                explicit_bucket_boundaries_advisory=list(m.buckets))
+        except TypeError:  # opentelemetry-api < 1.23 takes no advisory
+            inst = meter.create_histogram(m.name, unit=m.unit, description=m.description)
+        out[m.name] = inst.record
+    return out
 
 
 class OtelMetrics:
@@ -61,19 +135,7 @@ class OtelMetrics:
     def __init__(self, meter: Meter, schedule: Callable[[], None] = lambda: None) -> None:
         self._lock = threading.Lock()
         self._schedule = schedule
-        self._instruments: dict[str, Any] = {}
-        for m in n.METRICS:
-            if m.kind == "counter":
-                inst: Any = meter.create_counter(m.name, unit=m.unit, description=m.description)
-                self._instruments[m.name] = inst.add
-                continue
-            try:
-                inst = meter.create_histogram(
-                    m.name, unit=m.unit, description=m.description,
-                    explicit_bucket_boundaries_advisory=list(m.buckets))
-            except TypeError:  # opentelemetry-api < 1.23 takes no advisory
-                inst = meter.create_histogram(m.name, unit=m.unit, description=m.description)
-            self._instruments[m.name] = inst.record
+        self._instruments = instruments(meter)
         #: counter additions not yet given to the SDK, by (metric, attribute values)
         self._pending: dict[tuple[str, tuple[str, ...]], float] = {}
         self._attrs: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
@@ -85,7 +147,9 @@ class OtelMetrics:
         key = (name, values)
         attrs = self._attrs.get(key)
         if attrs is None:
-            attrs = dict(zip(keys, values, strict=True))
+            # An empty value is an attribute the observation does not have (error.type of
+            # a call that completed), left out as the conventions ask.
+            attrs = {k: v for k, v in zip(keys, values, strict=True) if v}
             if len(self._attrs) < 10_000:  # series are few (statuses, limits, tools, models)
                 self._attrs[key] = attrs
         return attrs
@@ -146,7 +210,10 @@ class Telemetry:
     parent's tool span), and a projector thread works through them while the journal waits
     for its disk, when the loop would be idle anyway; whatever is left is projected when the
     run ends, before its result is given, so a run's spans have ended and been exported (by a
-    synchronous span processor) when ``run`` returns. Counter additions and journal-commit
+    synchronous span processor) when ``run`` returns. A run's span is a child of the span
+    current where it was started (``link``), and while its model calls and tool handlers run,
+    their ``chat`` and ``execute_tool`` spans are current (``chat_context``,
+    ``tool_context``; see ``boundloop.telemetry._links``). Counter additions and journal-commit
     figures wait at most ``FLUSH_S`` (1 s) before they reach the SDK (``flush`` records them
     at once: call it at shutdown). Nothing it does can fail a run: an error in it is logged
     (once) to the ``boundloop.telemetry`` logger and that observation is dropped. Thread-safe.
@@ -185,13 +252,16 @@ class Telemetry:
         self._given_meters = meter_provider
         self._sinks = sinks
         self._tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(n.SCOPE)
-        self._otel_metrics = OtelMetrics(
-            (meter_provider or metrics.get_meter_provider()).get_meter(n.SCOPE),
-            self._schedule)
+        self._otel_metrics = OtelMetrics(meter(meter_provider or metrics.get_meter_provider()),
+                                         self._schedule)
         self._timer: threading.Timer | None = None
         self._timer_lock = threading.Lock()
         self._projection = Projection(None, None, capture_content=capture_content,
                                       max_runs=max_runs, max_attempts=max_attempts)
+        #: where each run started here hangs (``link``), by run id, until ``release``
+        self._links: dict[str, RunLink] = {}
+        self._projection.links = self._links
+        self._ids: FixedIds | None = None
         #: Held while the projection works (it is not thread-safe by itself).
         self._lock = threading.Lock()
         #: (run id, events, model) observed and not yet projected, oldest first
@@ -225,6 +295,11 @@ class Telemetry:
         self._metering = not isinstance(mp, _ProxyMeters | NoOpMeterProvider)
         sinks: list[Sink] = ([self._otel_metrics] if self._metering else []) + self._sinks
         projection = self._projection
+        if self._tracing and self._ids is None:
+            # The provider's own tracer (not the proxy's stand-in made before the SDK was
+            # set), whose ids the projection can give (see ``_links``).
+            self._tracer = tp.get_tracer(n.SCOPE)
+            self._ids = projection.ids = install(self._tracer)
         projection.tracer = self._tracer if self._tracing else None
         projection.sink = None if not sinks else sinks[0] if len(sinks) == 1 else Fanout(sinks)
         self._live = self._tracing or bool(sinks)
@@ -288,6 +363,78 @@ class Telemetry:
             self._project(run_id, events, model, state)
         if len(self._queued) < MAX_QUEUED_RUNS:
             self._queued.add(run_id)  # seen now: its next events may wait
+
+    def link(self, run_id: str, parent_run_id: str | None = None) -> None:
+        """Run ``run_id`` starts now, from the calling thread: its span's parent is the span
+        current here (the caller's, or for a child run its parent's ``execute_tool`` span),
+        else it starts a trace of its own. Call it in the caller's thread (or task) before
+        the run is handed on; ``release`` forgets it. Costs nothing without an SDK.
+
+        Args:
+            run_id: the run about to start (or resume).
+            parent_run_id: its parent run, for a child run: without a current span here (a
+                handler that started it from a thread of its own), it joins its parent's
+                trace all the same.
+        """
+        if not self._settled and time.monotonic() >= self._recheck_at:
+            self._recheck()
+        if not self._tracing or len(self._links) >= MAX_LINKS:
+            return
+        try:
+            ctx = otel_context.get_current()
+            parent = trace.get_current_span(ctx).get_span_context()
+            linkable = self._ids is not None
+            if parent.is_valid:
+                link = RunLink(parent.trace_id, parent.trace_flags, ctx, True, linkable)
+            else:
+                up = self._links.get(parent_run_id) if parent_run_id is not None else None
+                if up is not None:
+                    link = RunLink(up.trace_id, up.flags, ctx, False, linkable)
+                else:
+                    trace_id = self._new_trace_id()
+                    link = RunLink(trace_id, self._root_flags(trace_id), ctx, False, linkable)
+            self._links[run_id] = link
+        except Exception:  # noqa: BLE001 - telemetry never fails a run
+            self._complain("linking run %r to its caller's trace", run_id)
+
+    def _new_trace_id(self) -> int:
+        ids = self._ids
+        if ids is not None:
+            made: int = ids.inner.generate_trace_id()  # the provider's kind of trace id
+            return made
+        return random.getrandbits(128) or 1
+
+    def _root_flags(self, trace_id: int) -> TraceFlags:
+        """Whether the root span of trace ``trace_id`` will be sampled: asked of the tracer's
+        sampler now (the projection asks it again, with the same trace id, later), so what
+        handlers make under the run's spans is sampled with them."""
+        sampler = getattr(self._tracer, "sampler", None)
+        if sampler is None:
+            return _SAMPLED
+        result = sampler.should_sample(_NO_PARENT, trace_id, n.SPAN_RUN, SpanKind.INTERNAL)
+        return _SAMPLED if result.decision.is_sampled() else _UNSAMPLED
+
+    def chat_context(self, run_id: str, step: int) -> Context | None:
+        """The context to run step ``step``'s model call in: the caller's, with the step's
+        ``chat`` span current (so a span the provider SDK makes nests under it); just the
+        caller's with a tracer whose span ids cannot be given; None when the run is not
+        linked (no SDK)."""
+        link = self._links.get(run_id)
+        if link is None:
+            return None
+        if not link.linkable:
+            return link.context
+        return link.current(chat_span_id(link.trace_id, run_id, step))
+
+    def tool_context(self, run_id: str, execution_id: str, attempt: int) -> Context | None:
+        """The context to run a tool attempt in: the caller's, with its ``execute_tool`` span
+        current (see ``chat_context``)."""
+        link = self._links.get(run_id)
+        if link is None:
+            return None
+        if not link.linkable:
+            return link.context
+        return link.current(tool_span_id(link.trace_id, run_id, execution_id, attempt))
 
     def before_sync(self) -> None:
         """The journal is about to wait for its disk (or server): a good moment to project
@@ -438,7 +585,10 @@ class Telemetry:
         one (journal unavailable, lease lost, runner closed) has its spans ended as
         ``status`` (else ``unfinished``) and is counted in ``boundloop.runs.unrecorded``."""
         self._queued.discard(run_id)
+        link = self._links.get(run_id)
         if not self._live and not self._pending:
+            if link is not None:
+                self._links.pop(run_id, None)
             return
         self._wanted = True  # the projector lets go within an event
         with self._lock:
@@ -451,6 +601,11 @@ class Telemetry:
                     projection.sink.record(n.RUNS_UNRECORDED, 1, (status or n.UNFINISHED,))
             except Exception:  # noqa: BLE001 - telemetry never fails a run
                 self._complain("releasing run %r", run_id)
+            finally:
+                # After its events are projected (they read it); only the link of this
+                # start (a resume of the same run may have linked anew meanwhile).
+                if link is not None and self._links.get(run_id) is link:
+                    del self._links[run_id]
 
     def refused(self, status: str) -> None:
         """A run admission refused (``rejected``, or ``journal_unavailable`` at admission):

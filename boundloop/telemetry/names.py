@@ -23,14 +23,33 @@ SPAN_CHAT = "chat"
 SPAN_TOOL = "execute_tool"
 #: The model name of ``chat`` spans when the model object does not say (no ``model`` str).
 DEFAULT_MODEL = "boundloop"
+#: ``gen_ai.provider.name`` when the model object does not say (no ``provider`` str): the
+#: adapters say ``anthropic`` or ``openai``, ``ScriptedModel`` ``boundloop.scripted``.
+DEFAULT_PROVIDER = "unknown"
 #: The instrumentation scope (tracer and meter name).
 SCOPE = "boundloop"
 
 # -- attributes: OpenTelemetry GenAI conventions ---------------------------------------------
 OPERATION = "gen_ai.operation.name"
+#: The model's ``provider`` attribute (``anthropic``, ``openai``, ``boundloop.scripted``).
+PROVIDER = "gen_ai.provider.name"
+#: The run id: a run (and its steps and tool calls) is one conversation.
+CONVERSATION_ID = "gen_ai.conversation.id"
 REQUEST_MODEL = "gen_ai.request.model"
+#: The model's declared ``max_output_tokens`` (the adapters' ``max_tokens``).
+REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+#: From the response's ``bl.ResponseInfo`` (the adapters fill it in).
+RESPONSE_ID = "gen_ai.response.id"
+RESPONSE_MODEL = "gen_ai.response.model"
+#: The provider's finish reason when the response says it, else ``stop`` for a final
+#: response and ``tool_calls`` for calls.
+FINISH_REASONS = "gen_ai.response.finish_reasons"
 TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
+#: Always ``function``: boundloop's tools are functions the application runs.
+TOOL_TYPE = "gen_ai.tool.type"
+#: ``input`` (all input, cached or not) or ``output``, on ``gen_ai.client.token.usage``.
+TOKEN_TYPE = "gen_ai.token.type"
 #: All input, cached or not (the conventions' definition): input + cache write + cache read.
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
@@ -104,6 +123,11 @@ RUN_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 6
 COMMIT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                   1.0)
 BATCH_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0)
+#: The GenAI conventions' advisory buckets (powers of 4 to 4^13 tokens; 10 ms doubling).
+TOKEN_USAGE_BUCKETS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0,
+                       262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0)
+OPERATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48,
+                     40.96, 81.92)
 COST_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 50.0, 100.0)
 
 RUNS = Metric(
@@ -168,10 +192,26 @@ COMMIT_BATCH = Metric(
     "Appends sharing one durable journal commit (group commit).",
     (), "boundloop_journal_commit_batch_size", (), BATCH_BUCKETS)
 
+# The GenAI conventions' client metrics: one observation per model call (``chat``).
+CLIENT_TOKENS = Metric(
+    "gen_ai.client.token.usage", "histogram", "{token}",
+    "Tokens of each model call the model reported (an estimate is not recorded), by type: "
+    "input is all input, cached or not (the GenAI conventions' meaning; boundloop.tokens "
+    "splits it by kind).", (OPERATION, PROVIDER, REQUEST_MODEL, TOKEN_TYPE),
+    "boundloop_gen_ai_client_token_usage", ("operation", "provider", "model", "token_type"),
+    TOKEN_USAGE_BUCKETS)
+CLIENT_DURATION = Metric(
+    "gen_ai.client.operation.duration", "histogram", "s",
+    "Duration of each model call; error.type is the outcome of a call that did not complete "
+    "(error, malformed, cancelled, deadline).", (OPERATION, PROVIDER, REQUEST_MODEL, ERROR_TYPE),
+    "boundloop_gen_ai_client_operation_duration_seconds",
+    ("operation", "provider", "model", "error_type"), OPERATION_BUCKETS)
+
 #: Every metric, in the order the README documents them.
 METRICS: tuple[Metric, ...] = (RUNS, RUNS_UNRECORDED, LIMIT_HITS, OUTCOME_UNKNOWN, RETRIES,
                                RECONCILIATIONS, REVIEWS, TOKENS, RUN_COST, RUN_DURATION,
-                               MODEL_LATENCY, TOOL_LATENCY, COMMIT_LATENCY, COMMIT_BATCH)
+                               MODEL_LATENCY, TOOL_LATENCY, COMMIT_LATENCY, COMMIT_BATCH,
+                               CLIENT_TOKENS, CLIENT_DURATION)
 
 
 def metrics_table() -> str:

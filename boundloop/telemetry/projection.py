@@ -5,7 +5,11 @@ the projection is fed the journal form of each run's events after they are durab
 rebuilds from them what happened: a run span from RunAdmitted to RunFinished, a model-step
 span per ModelStepStarted/Completed, a tool span per attempt (CallDispatched to its outcome),
 and the metric observations of ``names.METRICS``. Timestamps are the events' own ``ts``
-(wall clock), so spans show when things happened, not when they were observed.
+(wall clock), so spans show when things happened, not when they were observed. Given
+``ids``, ``chat`` and ``execute_tool`` spans get ids derived from the events (see
+``boundloop.telemetry._links``): the ids of the spans that were current, live, while the
+model call or the tool handler ran; a run linked to its caller (``links``) hangs under the
+caller's span.
 
 The same projection, without a tracer, computes ``boundloop stats`` from a journal (see
 ``boundloop.stats``), so the figures an operator reads from the journal are the metrics'.
@@ -31,8 +35,9 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from boundloop import events as ev
 from boundloop.messages import Final
 from boundloop.telemetry import names as n
+from boundloop.telemetry._links import FixedIds, RunLink, chat_span_id, tool_span_id
 
-AttrValue = str | bool | int | float
+AttrValue = str | bool | int | float | tuple[str, ...]
 Attrs = dict[str, AttrValue]
 
 
@@ -105,11 +110,12 @@ class _Attempt:
     run needs it as a parent."""
 
     __slots__ = ("execution_id", "tool", "call_id", "attempt", "start_ns", "ctx", "span",
-                 "child_end_ns", "run_id")
+                 "child_end_ns", "run_id", "trace_id")
 
     def __init__(self, run_id: str, execution_id: str, tool: str, call_id: str, attempt: int,
-                 start_ns: int, ctx: Context | None) -> None:
+                 start_ns: int, ctx: Context | None, trace_id: int = 0) -> None:
         self.run_id = run_id
+        self.trace_id = trace_id
         self.execution_id = execution_id
         self.tool = tool
         self.call_id = call_id
@@ -120,9 +126,15 @@ class _Attempt:
         self.child_end_ns = 0
 
     def base_attributes(self) -> Attrs:
-        return {n.OPERATION: "execute_tool", n.TOOL_NAME: self.tool,
+        return {n.OPERATION: "execute_tool", n.TOOL_NAME: self.tool, n.TOOL_TYPE: "function",
                 n.TOOL_CALL_ID: self.call_id, n.EXECUTION_ID: self.execution_id,
-                n.ATTEMPT: self.attempt, n.RUN_ID: self.run_id}
+                n.ATTEMPT: self.attempt, n.RUN_ID: self.run_id,
+                n.CONVERSATION_ID: self.run_id}
+
+    @property
+    def span_id(self) -> int:
+        """Its span's id (see ``boundloop.telemetry._links``)."""
+        return tool_span_id(self.trace_id, self.run_id, self.execution_id, self.attempt)
 
     @property
     def span_name(self) -> str:
@@ -135,16 +147,28 @@ class _Run:
     __slots__ = ("run_id", "model", "span", "ctx", "recording", "tools", "open", "attempts",
                  "step", "step_start", "step_end", "step_outcome", "response",
                  "args", "final_text", "parent_execution_id", "finished", "chat_name",
-                 "completed")
+                 "completed", "provider", "max_tokens", "client", "client_ok", "trace_id",
+                 "info", "finish")
 
-    def __init__(self, run_id: str, model: str | None) -> None:
+    def __init__(self, run_id: str, model: str | None, provider: str = n.DEFAULT_PROVIDER,
+                 max_tokens: int | None = None) -> None:
         self.run_id = run_id
         self.model = model
+        self.provider = provider
+        self.max_tokens = max_tokens
         #: the name of its ``chat`` spans, and the model-latency series of a completed step
         self.chat_name = _span_name(n.SPAN_CHAT, model or n.DEFAULT_MODEL)
         self.completed = (model or n.DEFAULT_MODEL, "completed")
+        #: the GenAI client metrics' series: (operation, provider, model); a completed call's
+        self.client = ("chat", provider, model or n.DEFAULT_MODEL)
+        self.client_ok = (*self.client, "")
         self.span: Span | None = None
         self.ctx: Context | None = None
+        #: the trace of its spans (0 until its run span is made)
+        self.trace_id = 0
+        #: what the provider said of the step's response (ResponseInfo), its finish reason
+        self.info: Any = None
+        self.finish = ""
         self.recording = False
         #: execution id -> (tool, call id), from CallDecided
         self.tools: dict[str, tuple[str, str]] = {}
@@ -164,6 +188,19 @@ class _Run:
     def tool_of(self, execution_id: str) -> str:
         found = self.tools.get(execution_id)
         return found[0] if found is not None else "unknown"
+
+
+def provider_name(model: Any) -> str:
+    """``gen_ai.provider.name`` for ``model``: its ``provider`` attribute when a string (the
+    adapters', ScriptedModel's), else ``names.DEFAULT_PROVIDER``."""
+    name = getattr(model, "provider", None)
+    return name if isinstance(name, str) and name else n.DEFAULT_PROVIDER
+
+
+def max_tokens_of(model: Any) -> int | None:
+    """``gen_ai.request.max_tokens`` for ``model``: its declared ``max_output_tokens``."""
+    value = getattr(model, "max_output_tokens", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def model_name(model: Any) -> str | None:
@@ -230,6 +267,10 @@ class Projection:
         self.runs: dict[str, _Run] = {}
         #: open attempts of every run, by execution id (a child run's parent is one)
         self.attempts: dict[str, _Attempt] = {}
+        #: Where runs' spans hang (``Telemetry.link``), by run id; read, never written here.
+        self.links: Mapping[str, RunLink] = {}
+        #: Gives spans the ids of ``boundloop.telemetry._links`` (None: the SDK's own ids).
+        self.ids: FixedIds | None = None
         self._state: StateView | None = None
         # Dispatch on the event's type: one dict lookup instead of a chain of isinstance.
         self._handlers: dict[type, Callable[[_Run, Any], None]] = {
@@ -285,7 +326,7 @@ class Projection:
     def _start(self, run_id: str, model: Any, event: ev.Event) -> _Run:
         """A run first seen here: from its RunAdmitted, a RunResumed, or mid-way (a late
         start has no span: its metrics still count)."""
-        run = _Run(run_id, model_name(model))
+        run = _Run(run_id, model_name(model), provider_name(model), max_tokens_of(model))
         state = self._state
         if state is not None and not isinstance(event, ev.RunAdmitted):
             for eid, rec in state.calls.items():
@@ -307,7 +348,8 @@ class Projection:
             if att is not None and att.ctx is not None:
                 if att.span is None:
                     att.span = self._start_span(att.span_name, att.ctx, att.base_attributes(),
-                                                att.start_ns, _INTERNAL)
+                                                att.start_ns, _INTERNAL,
+                                                att.span_id if self.ids is not None else 0)
                 return trace.set_span_in_context(att.span)
         if parent_run_id is not None:
             parent = self.runs.get(parent_run_id)
@@ -316,16 +358,47 @@ class Projection:
         return None
 
     def _start_span(self, name: str, ctx: Context | None, attrs: Attrs, start_ns: int,
-                    kind: SpanKind) -> Span:
+                    kind: SpanKind, span_id: int = 0, trace_id: int = 0) -> Span:
         assert self.tracer is not None
-        return self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
-                                      kind=kind, attributes=attrs, start_time=start_ns)
+        ids = self.ids
+        if ids is None or not span_id:
+            return self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
+                                          kind=kind, attributes=attrs, start_time=start_ns)
+        ids.give(span_id, trace_id)
+        try:
+            return self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
+                                          kind=kind, attributes=attrs, start_time=start_ns)
+        finally:
+            ids.clear()
 
     def _open_run_span(self, run: _Run, ts: float, parent: Context | None,
                        attrs: Attrs) -> None:
-        span = self._start_span(n.SPAN_RUN, parent, attrs, _ns(ts), _INTERNAL)
+        link = self.links.get(run.run_id)
+        trace_id = 0
+        if parent is None and link is not None:
+            # The caller's span is its parent; without one, the trace decided at its start.
+            if link.has_parent:
+                parent = link.context
+            else:
+                trace_id = link.trace_id
+        attrs[n.PROVIDER] = run.provider
+        attrs[n.CONVERSATION_ID] = run.run_id
+        if run.model is not None:
+            attrs[n.REQUEST_MODEL] = run.model
+        ids = self.ids
+        if ids is not None and trace_id:
+            # Only the trace id is given: the run span's own id is nobody's parent but its
+            # own spans', which the projection makes under it.
+            ids.give(0, trace_id)
+            try:
+                span = self._start_span(n.SPAN_RUN, parent, attrs, _ns(ts), _INTERNAL)
+            finally:
+                ids.clear()
+        else:
+            span = self._start_span(n.SPAN_RUN, parent, attrs, _ns(ts), _INTERNAL)
         run.span = span
         run.recording = span.is_recording()
+        run.trace_id = span.get_span_context().trace_id
         run.ctx = trace.set_span_in_context(span)
 
     def _admitted(self, run_id: str, model: Any, run: _Run | None,
@@ -400,7 +473,7 @@ class Projection:
             u = e.usage
             if e.exhausted_limit is not None:
                 attrs[n.LIMIT] = e.exhausted_limit
-            attrs[n.INPUT_TOKENS] = u.input_tokens + u.cache_write_tokens + u.cache_read_tokens
+            attrs[n.INPUT_TOKENS] = u.all_input_tokens  # the conventions' input: all of it
             attrs[n.OUTPUT_TOKENS] = u.output_tokens
             attrs[n.CACHE_READ_TOKENS] = u.cache_read_tokens
             attrs[n.CACHE_CREATION_TOKENS] = u.cache_write_tokens
@@ -433,8 +506,12 @@ class Projection:
     def _completed(self, run: _Run, e: ev.ModelStepCompleted) -> None:
         if self.sink is not None:
             self.sink.record(n.MODEL_LATENCY, e.latency_s, run.completed)
+            self.sink.record(n.CLIENT_DURATION, e.latency_s, run.client_ok)
         run.step_end, run.step_outcome = e.ts, "completed"
         response = e.response
+        info = run.info = response.info
+        run.finish = info.finish_reason if info is not None and info.finish_reason else (
+            "stop" if isinstance(response, Final) else "tool_calls")
         if self.capture_content:
             run.response = response
             if isinstance(response, Final):
@@ -444,6 +521,7 @@ class Projection:
         if self.sink is not None:
             self.sink.record(n.MODEL_LATENCY, e.latency_s,
                              (run.model or n.DEFAULT_MODEL, e.reason))
+            self.sink.record(n.CLIENT_DURATION, e.latency_s, (*run.client, e.reason))
         run.step_end, run.step_outcome = e.ts, e.reason
         run.response = None
 
@@ -460,6 +538,9 @@ class Projection:
                 rec(n.TOKENS, u.cache_write_tokens, k_cw)
             if u.cache_read_tokens:
                 rec(n.TOKENS, u.cache_read_tokens, k_cr)
+            if not e.estimated:  # the conventions' token usage is what the model reported
+                rec(n.CLIENT_TOKENS, u.all_input_tokens, (*run.client, "input"))
+                rec(n.CLIENT_TOKENS, u.output_tokens, (*run.client, "output"))
         if run.recording and run.step_start is not None and e.step == run.step:
             self._chat_span(run, e)
 
@@ -471,14 +552,25 @@ class Projection:
         name = run.model
         # Attributes cost the SDK ~0.5 µs each (a sequence far more): those that say
         # nothing (a completed step, zero cache tokens, a reported usage) are left out.
-        attrs: Attrs = {n.OPERATION: "chat", n.RUN_ID: run.run_id, n.STEP: run.step}
+        attrs: Attrs = {n.OPERATION: "chat", n.PROVIDER: run.provider, n.RUN_ID: run.run_id,
+                        n.CONVERSATION_ID: run.run_id, n.STEP: run.step}
         if run.step_outcome != "completed":
             attrs[n.MODEL_OUTCOME] = run.step_outcome or n.UNFINISHED
+        else:
+            info = run.info
+            if info is not None:
+                if info.id is not None:
+                    attrs[n.RESPONSE_ID] = info.id
+                if info.model is not None:
+                    attrs[n.RESPONSE_MODEL] = info.model
+            attrs[n.FINISH_REASONS] = (run.finish,)
         if name is not None:
             attrs[n.REQUEST_MODEL] = name
+        if run.max_tokens is not None:
+            attrs[n.REQUEST_MAX_TOKENS] = run.max_tokens
         if charged is not None:
             u = charged.usage
-            attrs[n.INPUT_TOKENS] = u.input_tokens + u.cache_write_tokens + u.cache_read_tokens
+            attrs[n.INPUT_TOKENS] = u.all_input_tokens  # the conventions' input: all of it
             attrs[n.OUTPUT_TOKENS] = u.output_tokens
             if u.cache_read_tokens:
                 attrs[n.CACHE_READ_TOKENS] = u.cache_read_tokens
@@ -490,13 +582,15 @@ class Projection:
                 attrs[n.COST] = u.cost
         if self.capture_content and run.response is not None:
             attrs[n.OUTPUT_MESSAGES] = content([run.response])
-        span = self._start_span(run.chat_name, run.ctx, attrs, _ns(start), _CLIENT)
+        span = self._start_span(run.chat_name, run.ctx, attrs, _ns(start), _CLIENT,
+                                chat_span_id(run.trace_id, run.run_id, run.step)
+                                if self.ids is not None else 0)
         if run.step_outcome in _ERROR_STEPS:
             span.set_attribute(n.ERROR_TYPE, run.step_outcome)
             span.set_status(StatusCode.ERROR, run.step_outcome)
         span.end(end_time=_ns(end))
         run.step_start = run.step_end = None
-        run.step_outcome, run.response = "", None
+        run.step_outcome, run.response, run.info = "", None, None
 
     def _flush_step(self, run: _Run) -> None:
         """A step whose UsageCharged never came (it always follows; be safe)."""
@@ -525,7 +619,8 @@ class Projection:
         previous = run.attempts.get(eid)
         if previous is not None:
             self._end_attempt(run, previous, n.UNFINISHED, e.ts, None)
-        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, _ns(e.ts), run.ctx)
+        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, _ns(e.ts), run.ctx,
+                       run.trace_id)
         run.attempts[eid] = att
         attempts = self.attempts
         if len(attempts) >= self.max_attempts:
@@ -604,7 +699,8 @@ class Projection:
             if result is not None:
                 attrs[n.TOOL_RESULT] = content(result)
         if span is None:
-            span = self._start_span(att.span_name, att.ctx, attrs, att.start_ns, _INTERNAL)
+            span = self._start_span(att.span_name, att.ctx, attrs, att.start_ns, _INTERNAL,
+                                    att.span_id if self.ids is not None else 0)
         else:
             span.set_attributes(attrs)
         if error is not None or outcome == n.UNFINISHED:

@@ -1,0 +1,135 @@
+"""Linked traces: the ids that tie a run's projected spans to the code that runs inside them.
+
+The projection makes a run's spans from its events, after the fact (DESIGN: telemetry is an
+observer of the event stream). Yet while a tool handler or a model call runs, its
+``execute_tool`` or ``chat`` span must be the current span, so that a span the handler or a
+provider SDK makes nests under it. So those spans' ids are decided up front, from what the
+events say: a ``chat`` span's id is a digest of the run's trace id, the run id and the step;
+an ``execute_tool`` span's, of the trace id, the run id, the execution id and the attempt.
+The thread that runs the user code makes a span with those ids current (a
+``NonRecordingSpan``: nothing is recorded twice), and the projection, later, makes the real
+span with the same ids.
+
+A run's trace is decided when the run starts (``Telemetry.link``): the caller's current span,
+captured in the caller's thread (``run``, ``submit``, ``arun``; a child run's caller is its
+parent's tool handler, whose tool span is current), is the run span's parent; without one the
+run starts a trace of its own, whose id is decided then.
+
+The OpenTelemetry API has no way to ask a tracer for given ids: the SDK's tracer takes them
+from its ``id_generator``, which ``install`` wraps (on boundloop's own tracer only) with one
+that hands out the ids the projection asks for and leaves every other span to the SDK's
+generator. A tracer without an ``id_generator`` (another SDK) still gets the caller's span as
+the run's parent; the spans of handlers and model calls then nest under the caller's span.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from typing import Any, NamedTuple
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+
+
+class RunLink(NamedTuple):
+    """Where a run's spans hang: its trace, whether its spans are sampled, and the context
+    the run was started in (its current span, if valid, is the run span's parent)."""
+
+    trace_id: int
+    #: Whether its spans are sampled (made once a run, not once a span).
+    flags: TraceFlags
+    #: The caller's context (its baggage goes to the handlers and model calls too).
+    context: Context
+    #: True when the caller's context holds a valid span: the run span's parent.
+    has_parent: bool
+    #: True when the projection can give its spans these ids (see ``install``).
+    linkable: bool
+
+    def current(self, span_id: int) -> Context:
+        """The caller's context with span ``span_id`` of this run's trace current."""
+        span = NonRecordingSpan(SpanContext(self.trace_id, span_id, is_remote=False,
+                                            trace_flags=self.flags))
+        return trace.set_span_in_context(span, self.context)
+
+
+def _span_id(trace_id: int, run_id: str, what: str) -> int:
+    digest = hashlib.blake2b(f"{trace_id:032x}/{run_id}/{what}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "big") or 1  # 0 is not a valid span id
+
+
+def chat_span_id(trace_id: int, run_id: str, step: int) -> int:
+    """The span id of step ``step``'s ``chat`` span."""
+    return _span_id(trace_id, run_id, f"chat/{step}")
+
+
+def tool_span_id(trace_id: int, run_id: str, execution_id: str, attempt: int) -> int:
+    """The span id of the ``execute_tool`` span of attempt ``attempt`` of ``execution_id``."""
+    return _span_id(trace_id, run_id, f"tool/{execution_id}/{attempt}")
+
+
+class FixedIds:
+    """An SDK id generator that hands out, once, the ids ``give`` was told, on the thread
+    that told it; every other id comes from the generator it wraps."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self._local = threading.local()
+
+    def give(self, span_id: int, trace_id: int = 0) -> None:
+        """The next span started on this thread gets ``span_id`` (and, when it is a root
+        span, ``trace_id``, if not 0)."""
+        local = self._local
+        local.span_id, local.trace_id = span_id, trace_id
+
+    def clear(self) -> None:
+        """Forget what ``give`` said (the span was made, or failed to be)."""
+        local = self._local
+        local.span_id = local.trace_id = 0
+
+    def generate_span_id(self) -> int:
+        """The id ``give`` said, else the wrapped generator's."""
+        local = self._local
+        wanted: int = getattr(local, "span_id", 0)
+        if wanted:
+            local.span_id = 0
+            return wanted
+        made: int = self.inner.generate_span_id()
+        return made
+
+    def generate_trace_id(self) -> int:
+        """The trace id ``give`` said, else the wrapped generator's."""
+        local = self._local
+        wanted: int = getattr(local, "trace_id", 0)
+        if wanted:
+            local.trace_id = 0
+            return wanted
+        made: int = self.inner.generate_trace_id()
+        return made
+
+    def is_trace_id_random(self) -> bool:
+        """As the wrapped generator says (a trace id given here came from it too)."""
+        said = getattr(self.inner, "is_trace_id_random", None)
+        return bool(said()) if callable(said) else False
+
+
+_install_lock = threading.Lock()
+
+
+def install(tracer: Any) -> FixedIds | None:
+    """Wrap ``tracer``'s ``id_generator`` (the SDK's; boundloop's own tracer) in a
+    ``FixedIds``, once; None when it has none to wrap."""
+    with _install_lock:
+        inner = getattr(tracer, "id_generator", None)
+        if isinstance(inner, FixedIds):
+            return inner
+        if inner is None or not callable(getattr(inner, "generate_span_id", None)) or \
+                not callable(getattr(inner, "generate_trace_id", None)):
+            return None
+        ids = FixedIds(inner)
+        try:
+            tracer.id_generator = ids
+        except (AttributeError, TypeError):
+            return None
+        return ids
