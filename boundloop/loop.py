@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from boundloop import events as ev
-from boundloop.actors.workers import is_async
+from boundloop.actors.workers import RunLoop, is_async
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
@@ -142,8 +142,8 @@ class Dispatch(msgspec.Struct):
     #: the attempt's CallDispatched durable, then calls ``done(None)`` (or the error).
     record: Callable[[str, int, list[Attempt], Callable[[BaseException | None], None]],
                      None] | None = None
-    #: The event loop for async handlers (the caller's, for a run started with ``arun``).
-    loop: asyncio.AbstractEventLoop | None = None
+    #: Set by whoever performs the effect: where async handlers run (the run's loop).
+    loop: RunLoop | asyncio.AbstractEventLoop | None = None
     #: The run's ownership epoch, given to handlers as a fencing token.
     epoch: int = 0
 
@@ -161,7 +161,7 @@ class Reconcile(msgspec.Struct):
     ``(took_effect, result)`` with ``took_effect`` None when it cannot tell."""
 
     planned: Planned
-    loop: asyncio.AbstractEventLoop | None = None
+    loop: RunLoop | asyncio.AbstractEventLoop | None = None
 
 
 class Ledger(msgspec.Struct):

@@ -28,7 +28,7 @@ from boundloop import events as ev
 from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
-from boundloop.actors.workers import Workers, outcome, tell
+from boundloop.actors.workers import RunLoop, Workers, outcome, tell
 from boundloop.errors import JournalError, JournalUnavailable, LeaseLost
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
@@ -65,6 +65,8 @@ class _Run(msgspec.Struct):
     committing: list[ev.Event] = msgspec.field(default_factory=list)
     #: The user call (model, estimator, permit) the run waits for, if any.
     call: _UserCall | None = None
+    #: Where the run's async callables run (a loop of its own, or the caller's for arun).
+    loop: RunLoop = msgspec.field(default_factory=RunLoop)
 
 
 class _UserCall(msgspec.Struct):
@@ -158,6 +160,7 @@ class SupervisorActor(Actor):
         it stays open in the journal, for recovery."""
         if self.runs.get(run_id) is run:
             del self.runs[run_id]
+        self.workers.loops.release(run.loop)
         with contextlib.suppress(Exception):
             self.on_finished(run_id)
         with contextlib.suppress(InvalidStateError):
@@ -173,7 +176,7 @@ class SupervisorActor(Actor):
         match message:
             case StartRun(spec=spec, future=future, seq=seq):
                 driver = Driver(spec)
-                run = _Run(driver, driver.run(), future, seq)
+                run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop))
                 self.runs[spec.run_id] = run
                 limits = getattr(self.journal, "wait_limits", None)
                 if driver.deadline is not None and limits is not None:
@@ -255,6 +258,7 @@ class SupervisorActor(Actor):
             self.telemetry.release(run_id, result.status if result is not None else None)
         if self.runs.get(run_id) is run:
             del self.runs[run_id]
+        self.workers.loops.release(run.loop)
         self.on_finished(run_id)
         future = run.future
         try:
@@ -298,7 +302,7 @@ class SupervisorActor(Actor):
 
                 self.budget.tell(Settle(effect, settled))
             case Dispatch() | Reconcile():
-                effect.loop = run.driver.spec.loop
+                effect.loop = run.loop
                 if isinstance(effect, Dispatch):
                     journal = self.journal
                     effect.recordable = lambda: not journal.closed
@@ -325,7 +329,7 @@ class SupervisorActor(Actor):
                 return True
 
         future = call.future = self.workers.start(self.workers.model_pool, fn, args, {},
-                                                  on_start, loop=run.driver.spec.loop)
+                                                  on_start, loop=run.loop)
         run.call = call
 
         def returned(f: Future[Any]) -> None:
