@@ -9,6 +9,14 @@ ends that run, with a status and a RunFinished when the journal can still take o
 actor goes on serving the others. Deadlines and cancellation of model calls are timers the
 supervisor owns: a model call waiting for a thread ends as soon as the run is cancelled or
 its deadline passes, and one still running is abandoned 0.5 s past the deadline (SPEC 5).
+
+A journal commit may hang in the kernel (a frozen or hung file system): no deadline can
+interrupt it. A run with a deadline is looked at from half its grace past the deadline on
+(``_watch``, on the timer thread): a run still waiting for a commit that has taken
+``COMMIT_PATIENCE_S`` is given up on, ending ``journal_unavailable`` with nothing more
+written and nothing started on that commit's strength; when this supervisor's own thread is
+the one stuck inside the commit, the timer thread ends the run itself (``_evict``), under a
+lock that keeps it and this thread apart.
 """
 
 from __future__ import annotations
@@ -50,6 +58,12 @@ from boundloop.telemetry import Telemetry
 GRACE_S = 0.5
 #: A supervisor commits its outbox once its inbox runs dry, or at this many appends.
 OUTBOX_MAX = 256
+#: From half its grace past its deadline on, a run waiting for a commit that has taken this
+#: long ends journal_unavailable without waiting for it (a commit begun later, the run's
+#: RunFinished say, may take this long to record how the run ended).
+COMMIT_PATIENCE_S = 0.25
+#: How often a run past that point is looked at again, until it ends.
+WATCH_EVERY_S = 0.05
 
 _Wall = Literal["cancelled", "deadline", "grace"]
 
@@ -67,6 +81,9 @@ class _Run(msgspec.Struct):
     call: _UserCall | None = None
     #: Where the run's async callables run (a loop of its own, or the caller's for arun).
     loop: RunLoop = msgspec.field(default_factory=RunLoop)
+    #: time.monotonic() when the commit the run waits for was queued; 0.0 when it waits
+    #: for none.
+    commit_at: float = 0.0
 
 
 class _UserCall(msgspec.Struct):
@@ -89,6 +106,12 @@ class _UserWall(msgspec.Struct):
     run_id: str
     token: int
     why: _Wall
+
+
+class _CommitWall(msgspec.Struct):
+    """The run is past its deadline plus half the grace: give up on a commit that hangs."""
+
+    run_id: str
 
 
 class _RecordAttempt(msgspec.Struct):
@@ -121,6 +144,14 @@ class SupervisorActor(Actor):
         self.on_finished = on_finished
         self.runs: dict[str, _Run] = {}
         self._tokens = itertools.count(1)
+        #: Generations are unique across this supervisor's runs: a late answer to a run that
+        #: was given up on never matches a later run of the same id (a resume).
+        self._generations = itertools.count(1)
+        #: Held while ``_committing`` changes and while the timer thread ends a run whose
+        #: supervisor is stuck in a commit (``_evict``): the two never touch a run at once.
+        self._gate = threading.Lock()
+        #: time.monotonic() when this thread entered the journal's commit; 0.0 outside it.
+        self._committing = 0.0
         #: Appends waiting for the inbox to run dry, then committed together (see _flush).
         self._outbox: list[Submission] = []
 
@@ -147,6 +178,9 @@ class SupervisorActor(Actor):
         come back as messages, like any other. A journal that raises instead of answering
         fails every append of the batch not answered yet (each is answered once)."""
         batch, self._outbox = self._outbox, []
+        gate = self._gate
+        with gate:
+            self._committing = time.monotonic()
         try:
             self.journal.submit_many(batch)
         except Exception as exc:  # noqa: BLE001 - the failure rule: fail the appends, serve on
@@ -154,6 +188,11 @@ class SupervisorActor(Actor):
                 f"the journal failed to take an append ({type(exc).__name__}: {exc})")
             for submission in batch:
                 submission[3](err)
+        finally:
+            # Past this (it may wait while the timer thread ends a run: _evict), the runs
+            # are this thread's again.
+            with gate:
+                self._committing = 0.0
 
     def _abandon(self, run_id: str, run: _Run, exc: BaseException) -> None:
         """The last resort when ending a run failed: forget it here and fail its Future;
@@ -176,7 +215,8 @@ class SupervisorActor(Actor):
         match message:
             case StartRun(spec=spec, future=future, seq=seq):
                 driver = Driver(spec)
-                run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop))
+                run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop),
+                           generation=next(self._generations))
                 self.runs[spec.run_id] = run
                 limits = getattr(self.journal, "wait_limits", None)
                 if driver.deadline is not None and limits is not None:
@@ -186,11 +226,14 @@ class SupervisorActor(Actor):
                     # ending it.
                     left = max(driver.deadline - driver.clock.monotonic(), 0.0)
                     limits[spec.run_id] = time.monotonic() + left + GRACE_S / 2
+                if driver.deadline is not None:
+                    self._watch(spec.run_id, run, driver.deadline)
                 self._advance(spec.run_id, run, None, None)
             case EffectDone(run_id=run_id, value=value, error=error, appended=appended,
                             generation=generation):
                 waiting = self.runs.get(run_id)
                 if waiting is not None and waiting.generation == generation:
+                    waiting.commit_at = 0.0
                     if error is None:
                         waiting.seq += appended
                         if appended:
@@ -205,6 +248,11 @@ class SupervisorActor(Actor):
                 asked = self.runs.get(run_id)
                 if asked is not None and asked.call is not None and asked.call.token == token:
                     self._wall(run_id, asked, why)
+            case _CommitWall(run_id=run_id):
+                late = self.runs.get(run_id)
+                if late is not None and late.commit_at and \
+                        time.monotonic() - late.commit_at >= COMMIT_PATIENCE_S:
+                    self._give_up_commit(run_id, late)
             case _RecordAttempt():
                 self._record_attempt(message)
             case _AttemptRecorded(run_id=run_id, events=events, error=error, done=done):
@@ -239,7 +287,7 @@ class SupervisorActor(Actor):
             return
         run.failed = True
         run.call = None
-        run.generation += 1  # what the failed driving still waits for is ignored
+        run.generation = next(self._generations)  # what the failed driving waits for is ignored
         run.gen = run.driver.fail(exc)
         self._advance(run_id, run, None, None)
 
@@ -278,6 +326,7 @@ class SupervisorActor(Actor):
             case Commit(events=events):
                 count = len(events)
                 run.committing = events
+                run.commit_at = time.monotonic()
 
                 def committed(err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, None, err, count, generation))
@@ -314,6 +363,64 @@ class SupervisorActor(Actor):
                     tell(me, EffectDone(run_id, outcomes, err, generation=generation))
 
                 self.executor.tell(DispatchBatch(effect, completed))
+
+    # -- commits that hang past the deadline --------------------------------------------
+    def _watch(self, run_id: str, run: _Run, deadline: float) -> None:
+        """From half the grace past ``deadline`` on, until the run ends, look every
+        ``WATCH_EVERY_S`` for a commit it waits for that hangs (on the timer thread)."""
+        me, timer, gate = self.actor_ref, self.workers.timer, self._gate
+
+        def look() -> None:
+            with gate:
+                if self.runs.get(run_id) is not run:
+                    return  # it ended
+                since = self._committing
+                if since and time.monotonic() - since >= COMMIT_PATIENCE_S:
+                    # This supervisor's thread is stuck inside the journal (a frozen file
+                    # system): it cannot read its inbox, so the run ends from here.
+                    self._evict(run_id, run, time.monotonic() - since)
+                    return
+            tell(me, _CommitWall(run_id))
+            timer.after(WATCH_EVERY_S, look)
+
+        timer.at(deadline + GRACE_S / 2, look)
+
+    @staticmethod
+    def _hung(took: float) -> JournalUnavailable:
+        return JournalUnavailable(
+            f"a journal commit had not returned after {took:.1f} s (a frozen or hung file "
+            "system?) when the run's deadline and grace ran out; the run ended without "
+            "waiting for it, and nothing that commit was for was started")
+
+    def _give_up_commit(self, run_id: str, run: _Run) -> None:
+        """The run waits for a commit that hangs past its deadline: end it now. Nothing the
+        commit was for is started: its answer, should it ever come, is ignored."""
+        took = time.monotonic() - run.commit_at
+        run.generation = next(self._generations)
+        run.commit_at = 0.0
+        run.committing = []
+        self._advance(run_id, run, None, self._hung(took))
+
+    def _evict(self, run_id: str, run: _Run, took: float) -> None:
+        """End ``run`` from the timer thread while this supervisor's own thread is stuck
+        inside a journal commit (under ``_gate``, so that thread touches no run meanwhile):
+        the run ends journal_unavailable with nothing more written, as the events it has
+        not seen committed left it. Its messages that come later find no run and are
+        ignored; nothing is started for it."""
+        call = run.call
+        if call is not None:
+            with call.gate:
+                call.abandoned = True
+            if call.started and call.future is not None:
+                self.workers.compensate(call.future)
+            if call.unwatch is not None:
+                call.unwatch()
+            run.call = None
+        run.generation = next(self._generations)
+        run.driver.lose(run.committing)
+        run.committing = []
+        result = run.driver.unavailable(str(self._hung(took)))
+        self._done(run_id, run, result, None)
 
     # -- user calls under the deadline wall -------------------------------------------
     def _call_user(self, run_id: str, run: _Run, fn: Callable[..., Any],
