@@ -11,7 +11,7 @@ supervisor owns: a model call waiting for a thread ends as soon as the run is ca
 its deadline passes, and one still running is abandoned 0.5 s past the deadline (SPEC 5).
 
 A journal commit may hang in the kernel (a frozen or hung file system): no deadline can
-interrupt it. A run with a deadline is looked at from half its grace past the deadline on
+interrupt it. A run with a deadline is looked at from ``HUNG_AFTER_S`` past the deadline on
 (``_watch``, on the timer thread): a run still waiting for a commit that has taken
 ``COMMIT_PATIENCE_S`` is given up on, ending ``journal_unavailable`` with nothing more
 written and nothing started on that commit's strength; when this supervisor's own thread is
@@ -58,10 +58,14 @@ from boundloop.telemetry import Telemetry
 GRACE_S = 0.5
 #: A supervisor commits its outbox once its inbox runs dry, or at this many appends.
 OUTBOX_MAX = 256
-#: From half its grace past its deadline on, a run waiting for a commit that has taken this
+#: From ``HUNG_AFTER_S`` past its deadline on, a run waiting for a commit that has taken this
 #: long ends journal_unavailable without waiting for it (a commit begun later, the run's
 #: RunFinished say, may take this long to record how the run ended).
 COMMIT_PATIENCE_S = 0.25
+#: When, past a run's deadline, its commits are first looked at: after the journal's own
+#: wait for a busy write lock gave up (half the grace, see ``wait_limits``), so that a lock
+#: held by another process is reported as such; early enough to end within the grace.
+HUNG_AFTER_S = GRACE_S * 0.7
 #: How often a run past that point is looked at again, until it ends.
 WATCH_EVERY_S = 0.05
 
@@ -109,7 +113,7 @@ class _UserWall(msgspec.Struct):
 
 
 class _CommitWall(msgspec.Struct):
-    """The run is past its deadline plus half the grace: give up on a commit that hangs."""
+    """The run is ``HUNG_AFTER_S`` past its deadline: give up on a commit that hangs."""
 
     run_id: str
 
@@ -366,7 +370,7 @@ class SupervisorActor(Actor):
 
     # -- commits that hang past the deadline --------------------------------------------
     def _watch(self, run_id: str, run: _Run, deadline: float) -> None:
-        """From half the grace past ``deadline`` on, until the run ends, look every
+        """From ``HUNG_AFTER_S`` past ``deadline`` on, until the run ends, look every
         ``WATCH_EVERY_S`` for a commit it waits for that hangs (on the timer thread)."""
         me, timer, gate = self.actor_ref, self.workers.timer, self._gate
 
@@ -383,7 +387,7 @@ class SupervisorActor(Actor):
             tell(me, _CommitWall(run_id))
             timer.after(WATCH_EVERY_S, look)
 
-        timer.at(deadline + GRACE_S / 2, look)
+        timer.at(deadline + HUNG_AFTER_S, look)
 
     @staticmethod
     def _hung(took: float) -> JournalUnavailable:
