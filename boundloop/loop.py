@@ -278,6 +278,19 @@ def idempotency_key(run_id: str, call_id: str) -> str:
     return hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:32]
 
 
+def run_deadline(spec: RunSpec, now: float) -> float | None:
+    """The run's deadline on its clock, for a run (re)started at ``now``, or None."""
+    deadline_s = spec.budget.deadline_s
+    elapsed_before = spec.resume.elapsed_s if spec.resume is not None else 0.0
+    deadline = None if deadline_s is None else now + max(deadline_s - elapsed_before, 0.0)
+    if spec.parent_deadline is not None:
+        # Its budget's deadline_s was what the parent had left a moment ago: the parent's
+        # own deadline bounds it exactly, at any depth (SPEC 8).
+        deadline = spec.parent_deadline if deadline is None else \
+            min(deadline, spec.parent_deadline)
+    return deadline
+
+
 class Driver:
     """One run's orchestration: ``run()`` is the generator of effects; the supervisor may
     also ask it for the events of an attempt that starts mid-batch (``attempt_events``)
@@ -294,14 +307,7 @@ class Driver:
         self.uninvoked = 0  # model steps started but refused before the model was called
         self.started = self.clock.monotonic()
         self.elapsed_before = self.state.elapsed_s
-        deadline_s = self.budget.deadline_s
-        self.deadline = None if deadline_s is None else \
-            self.started + max(deadline_s - self.elapsed_before, 0.0)
-        if spec.parent_deadline is not None:
-            # Its budget's deadline_s was what the parent had left a moment ago: the
-            # parent's own deadline bounds it exactly, at any depth (SPEC 8).
-            self.deadline = spec.parent_deadline if self.deadline is None else \
-                min(self.deadline, spec.parent_deadline)
+        self.deadline = run_deadline(spec, self.started)
         self.schemas = _json.encode([t.schema for t in spec.tools.values()])
         # The run tree's ledger (SPEC 8): a child settles from the start; a parent once a
         # handler of it started a child. ``charged`` is own spend already charged.

@@ -25,7 +25,7 @@ from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.budget import BudgetActor, Close, Left, Open
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
-from boundloop.actors.supervisor import SupervisorActor
+from boundloop.actors.supervisor import Shard, SupervisorActor, hung, watch_intake
 from boundloop.actors.workers import MAX_THREADS, Workers, waiting
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
@@ -41,7 +41,7 @@ from boundloop.errors import (
 from boundloop.journal import lmdb as lmdb_journal
 from boundloop.journal.base import Journal, OwnerRecord, check_run_id
 from boundloop.journal.lmdb import LmdbJournal
-from boundloop.loop import Estimator, ParentLink, Permit, RunSpec
+from boundloop.loop import Estimator, ParentLink, Permit, RunSpec, run_deadline
 from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
@@ -249,10 +249,11 @@ class Runner:
         self._executor = ExecutorActor.start(self._workers)
         self._budget = BudgetActor.start()
         self._admission = AdmissionActor.start(self._journal, max_in_flight)
+        self._shards = [Shard() for _ in range(supervisors)]
         self._supervisors = [
             SupervisorActor.start(self._journal, self._executor, self._budget, self._workers,
-                                  self._finished, self.telemetry)
-            for _ in range(supervisors)]
+                                  self._finished, self.telemetry, shard)
+            for shard in self._shards]
 
     # -- ownership ---------------------------------------------------------------------
     def _register(self) -> None:
@@ -589,6 +590,12 @@ class Runner:
                 if f.cancelled() else self._keep_scrubber(spec.run_id, scrubber, f))
             shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
             self._supervisors[shard].tell(StartRun(spec, future, seq))
+            deadline = run_deadline(spec, self.clock.monotonic())
+            if deadline is not None:
+                # Should its supervisor hang inside a commit before it takes the run up, the
+                # run still ends at its deadline (SPEC 1).
+                watch_intake(self._shards[shard], self._workers.timer, spec.run_id, deadline,
+                             future, lambda took: self._dropped(spec, future, took))
         except pykka.ActorDeadError:
             _settle_closed(future)
         finally:
@@ -636,6 +643,13 @@ class Runner:
         explanation = decide.explain(decide.Stop(status, detail=detail), spec.budget)
         return RunResult(spec.run_id, status, None, explanation, 0, 0, list(spec.history), [],
                          [], Usage(), 0.0)
+
+    def _dropped(self, spec: RunSpec, future: Future[RunResult], took: float) -> None:
+        """The run was given up on before its supervisor, stuck in a commit, took it up:
+        nothing of it ran or was written."""
+        _settle(future, self._refused(spec, "journal_unavailable",
+                                      f"{hung(took)}; nothing ran."))
+        self._finished(spec.run_id)
 
     def _finished(self, run_id: str) -> None:
         with self._lock:

@@ -132,6 +132,31 @@ def test_a_run_waiting_behind_another_threads_stuck_commit_ends_at_its_deadline(
 
 
 @pytest.mark.timeout(60)
+def test_a_run_told_to_a_supervisor_stuck_in_a_commit_ends_at_its_deadline(
+        hanging: HangingJournal) -> None:
+    ran: list[str] = []
+    with bl.Runner(hanging, supervisors=SUPERVISORS) as runner:
+        stuck = runner.submit(model=freezing_model(hanging.hang.set, ran),
+                              tools=[act_tool(ran)], prompt="p", run_id=on_shard("stuck", 0))
+        assert hanging.stuck.wait(5)
+        # Its supervisor is stuck inside the commit: this run waits in its inbox.
+        started = time.monotonic()
+        queued = runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p",
+                            run_id=on_shard("queued", 0), budget=bl.Budget(deadline_s=1.0))
+        took = time.monotonic() - started
+        assert queued.status == "journal_unavailable", queued
+        assert took < 1.0 + 0.5, took
+        assert queued.model_steps == 0 and "had not returned" in queued.explanation
+        hanging.thaw.set()
+        assert stuck.result(timeout=10).status == "final"
+        # The supervisor skipped it once it got to it: nothing of it was written.
+        assert queued.run_id not in list(runner.journal.runs())
+        again = runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p",
+                           run_id=queued.run_id, budget=bl.Budget(deadline_s=5.0))
+        assert again.status == "final"  # its id is free: the runner forgot it
+
+
+@pytest.mark.timeout(60)
 def test_a_slow_commit_within_the_deadline_is_waited_for(hanging: HangingJournal) -> None:
     """Only a commit that hangs past the deadline and its grace is given up on."""
     ran: list[str] = []

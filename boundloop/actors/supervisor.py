@@ -36,7 +36,7 @@ from boundloop import events as ev
 from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
-from boundloop.actors.workers import RunLoop, Workers, outcome, tell
+from boundloop.actors.workers import RunLoop, Timer, Workers, outcome, tell
 from boundloop.errors import JournalError, JournalUnavailable, LeaseLost
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
@@ -133,12 +133,66 @@ class _AttemptRecorded(msgspec.Struct):
     done: Callable[[BaseException | None], None]
 
 
+class Shard:
+    """What a supervisor shares with the threads that watch it: whether its thread is inside
+    a journal commit and since when, its runs, and runs given up on before it took them up.
+    ``lock`` keeps a watcher and the supervisor's thread from touching a run at once: the
+    supervisor holds it only to enter and leave a commit."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: time.monotonic() when the supervisor's thread entered a commit; 0.0 outside one.
+        self.committing = 0.0
+        self.runs: dict[str, _Run] = {}
+        #: Runs told to the supervisor that a watcher ended before it took them up.
+        self.dropped: set[str] = set()
+
+    def stuck_for(self) -> float:
+        """Under ``lock``: how long the supervisor's thread has been inside a commit, if
+        that is ``COMMIT_PATIENCE_S`` or more (it hangs); else 0.0."""
+        since = self.committing
+        took = time.monotonic() - since if since else 0.0
+        return took if took >= COMMIT_PATIENCE_S else 0.0
+
+
+def watch_intake(shard: Shard, timer: Timer, run_id: str, deadline: float,
+                 future: Future[RunResult], drop: Callable[[float], None]) -> None:
+    """A run told to the supervisor of ``shard`` that it has not taken up by ``HUNG_AFTER_S``
+    past ``deadline``, while its thread hangs inside a commit, is ended by ``drop(took)``
+    (on the timer thread): the supervisor skips it when it gets to it. Once the supervisor
+    has the run, its own watch (``SupervisorActor._watch``) takes over."""
+
+    def look() -> None:
+        if future.done():
+            return
+        with shard.lock:
+            if run_id in shard.runs:
+                return  # taken up: the supervisor watches it
+            took = shard.stuck_for()
+            if took:
+                shard.dropped.add(run_id)
+                drop(took)
+                return
+        timer.after(WATCH_EVERY_S, look)
+
+    timer.at(deadline + HUNG_AFTER_S, look)
+
+
+def hung(took: float) -> JournalUnavailable:
+    """The error of a run given up on while a journal commit hangs."""
+    return JournalUnavailable(
+        f"a journal commit had not returned after {took:.1f} s (a frozen or hung file "
+        "system?) when the run's deadline and grace ran out; the run ended without "
+        "waiting for it, and nothing that commit was for was started")
+
+
 class SupervisorActor(Actor):
     """Drives the runs given to it (``StartRun``) until each returns its RunResult."""
 
     def __init__(self, journal: Journal, executor: pykka.ActorRef[Any],
                  budget: pykka.ActorRef[Any], workers: Workers,
-                 on_finished: Callable[[str], None], telemetry: Telemetry | None = None) -> None:
+                 on_finished: Callable[[str], None], telemetry: Telemetry | None = None,
+                 shard: Shard | None = None) -> None:
         super().__init__()
         self.telemetry = telemetry
         self.journal = journal
@@ -146,16 +200,12 @@ class SupervisorActor(Actor):
         self.budget = budget
         self.workers = workers
         self.on_finished = on_finished
-        self.runs: dict[str, _Run] = {}
+        self.shard = shard if shard is not None else Shard()
+        self.runs = self.shard.runs
         self._tokens = itertools.count(1)
         #: Generations are unique across this supervisor's runs: a late answer to a run that
         #: was given up on never matches a later run of the same id (a resume).
         self._generations = itertools.count(1)
-        #: Held while ``_committing`` changes and while the timer thread ends a run whose
-        #: supervisor is stuck in a commit (``_evict``): the two never touch a run at once.
-        self._gate = threading.Lock()
-        #: time.monotonic() when this thread entered the journal's commit; 0.0 outside it.
-        self._committing = 0.0
         #: Appends waiting for the inbox to run dry, then committed together (see _flush).
         self._outbox: list[Submission] = []
 
@@ -182,9 +232,9 @@ class SupervisorActor(Actor):
         come back as messages, like any other. A journal that raises instead of answering
         fails every append of the batch not answered yet (each is answered once)."""
         batch, self._outbox = self._outbox, []
-        gate = self._gate
-        with gate:
-            self._committing = time.monotonic()
+        shard = self.shard
+        with shard.lock:
+            shard.committing = time.monotonic()
         try:
             self.journal.submit_many(batch)
         except Exception as exc:  # noqa: BLE001 - the failure rule: fail the appends, serve on
@@ -195,8 +245,8 @@ class SupervisorActor(Actor):
         finally:
             # Past this (it may wait while the timer thread ends a run: _evict), the runs
             # are this thread's again.
-            with gate:
-                self._committing = 0.0
+            with shard.lock:
+                shard.committing = 0.0
 
     def _abandon(self, run_id: str, run: _Run, exc: BaseException) -> None:
         """The last resort when ending a run failed: forget it here and fail its Future;
@@ -218,6 +268,8 @@ class SupervisorActor(Actor):
     def _handle(self, message: Any) -> None:
         match message:
             case StartRun(spec=spec, future=future, seq=seq):
+                if future.done() and self._dropped(spec.run_id):
+                    return  # ended while this thread hung in a commit (watch_intake)
                 driver = Driver(spec)
                 run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop),
                            generation=next(self._generations))
@@ -372,29 +424,29 @@ class SupervisorActor(Actor):
     def _watch(self, run_id: str, run: _Run, deadline: float) -> None:
         """From ``HUNG_AFTER_S`` past ``deadline`` on, until the run ends, look every
         ``WATCH_EVERY_S`` for a commit it waits for that hangs (on the timer thread)."""
-        me, timer, gate = self.actor_ref, self.workers.timer, self._gate
+        me, timer, shard = self.actor_ref, self.workers.timer, self.shard
 
         def look() -> None:
-            with gate:
+            with shard.lock:
                 if self.runs.get(run_id) is not run:
                     return  # it ended
-                since = self._committing
-                if since and time.monotonic() - since >= COMMIT_PATIENCE_S:
+                took = shard.stuck_for()
+                if took:
                     # This supervisor's thread is stuck inside the journal (a frozen file
                     # system): it cannot read its inbox, so the run ends from here.
-                    self._evict(run_id, run, time.monotonic() - since)
+                    self._evict(run_id, run, took)
                     return
             tell(me, _CommitWall(run_id))
             timer.after(WATCH_EVERY_S, look)
 
         timer.at(deadline + HUNG_AFTER_S, look)
 
-    @staticmethod
-    def _hung(took: float) -> JournalUnavailable:
-        return JournalUnavailable(
-            f"a journal commit had not returned after {took:.1f} s (a frozen or hung file "
-            "system?) when the run's deadline and grace ran out; the run ended without "
-            "waiting for it, and nothing that commit was for was started")
+    def _dropped(self, run_id: str) -> bool:
+        with self.shard.lock:
+            if run_id in self.shard.dropped:
+                self.shard.dropped.discard(run_id)
+                return True
+        return False
 
     def _give_up_commit(self, run_id: str, run: _Run) -> None:
         """The run waits for a commit that hangs past its deadline: end it now. Nothing the
@@ -403,11 +455,11 @@ class SupervisorActor(Actor):
         run.generation = next(self._generations)
         run.commit_at = 0.0
         run.committing = []
-        self._advance(run_id, run, None, self._hung(took))
+        self._advance(run_id, run, None, hung(took))
 
     def _evict(self, run_id: str, run: _Run, took: float) -> None:
         """End ``run`` from the timer thread while this supervisor's own thread is stuck
-        inside a journal commit (under ``_gate``, so that thread touches no run meanwhile):
+        inside a journal commit (under the shard's lock, so that thread touches no run meanwhile):
         the run ends journal_unavailable with nothing more written, as the events it has
         not seen committed left it. Its messages that come later find no run and are
         ignored; nothing is started for it."""
@@ -423,7 +475,7 @@ class SupervisorActor(Actor):
         run.generation = next(self._generations)
         run.driver.lose(run.committing)
         run.committing = []
-        result = run.driver.unavailable(str(self._hung(took)))
+        result = run.driver.unavailable(str(hung(took)))
         self._done(run_id, run, result, None)
 
     # -- user calls under the deadline wall -------------------------------------------
