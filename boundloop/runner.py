@@ -25,7 +25,7 @@ from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.budget import BudgetActor, Close, Left, Open
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
-from boundloop.actors.supervisor import Shard, SupervisorActor, hung, watch_intake
+from boundloop.actors.supervisor import Shard, SupervisorActor, hung, watch
 from boundloop.actors.workers import MAX_THREADS, Workers, waiting
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
@@ -592,9 +592,9 @@ class Runner:
             self._supervisors[shard].tell(StartRun(spec, future, seq))
             deadline = run_deadline(spec, self.clock.monotonic())
             if deadline is not None:
-                # Should its supervisor hang inside a commit before it takes the run up, the
-                # run still ends at its deadline (SPEC 1).
-                watch_intake(self._shards[shard], self._workers.timer, spec.run_id, deadline,
+                # A commit that hangs (its supervisor's, even before it takes the run up)
+                # cannot keep it past its deadline (SPEC 1).
+                watch(self._shards[shard], self._workers.timer, spec.run_id, deadline,
                              future, lambda took: self._dropped(spec, future, took))
         except pykka.ActorDeadError:
             _settle_closed(future)

@@ -12,7 +12,7 @@ its deadline passes, and one still running is abandoned 0.5 s past the deadline 
 
 A journal commit may hang in the kernel (a frozen or hung file system): no deadline can
 interrupt it. A run with a deadline is looked at from ``HUNG_AFTER_S`` past the deadline on
-(``_watch``, on the timer thread): a run still waiting for a commit that has taken
+(``watch``, on the timer thread): a run still waiting for a commit that has taken
 ``COMMIT_PATIENCE_S`` is given up on, ending ``journal_unavailable`` with nothing more
 written and nothing started on that commit's strength; when this supervisor's own thread is
 the one stuck inside the commit, the timer thread ends the run itself (``_evict``), under a
@@ -146,6 +146,10 @@ class Shard:
         self.runs: dict[str, _Run] = {}
         #: Runs told to the supervisor that a watcher ended before it took them up.
         self.dropped: set[str] = set()
+        #: Set by the supervisor: ends a run while its thread hangs in a commit (under
+        #: ``lock``), and tells it to give up on a commit that hangs (``_CommitWall``).
+        self.evict: Callable[[str, _Run, float], None] | None = None
+        self.wall: Callable[[str], None] | None = None
 
     def stuck_for(self) -> float:
         """Under ``lock``: how long the supervisor's thread has been inside a commit, if
@@ -155,24 +159,32 @@ class Shard:
         return took if took >= COMMIT_PATIENCE_S else 0.0
 
 
-def watch_intake(shard: Shard, timer: Timer, run_id: str, deadline: float,
-                 future: Future[RunResult], drop: Callable[[float], None]) -> None:
-    """A run told to the supervisor of ``shard`` that it has not taken up by ``HUNG_AFTER_S``
-    past ``deadline``, while its thread hangs inside a commit, is ended by ``drop(took)``
-    (on the timer thread): the supervisor skips it when it gets to it. Once the supervisor
-    has the run, its own watch (``SupervisorActor._watch``) takes over."""
+def watch(shard: Shard, timer: Timer, run_id: str, deadline: float,
+          future: Future[RunResult], drop: Callable[[float], None]) -> None:
+    """Watch a run with a deadline that was told to the supervisor of ``shard``, from
+    ``HUNG_AFTER_S`` past ``deadline`` on (every ``WATCH_EVERY_S``, on the timer thread) until
+    its Future is settled: a run waiting for a commit that hangs is given up on. The
+    supervisor does that itself (``_CommitWall``) while its thread is free; while its thread
+    is the one stuck inside the commit, the watch ends the run (``SupervisorActor._evict``),
+    or ``drop(took)`` ends a run it has not taken up yet (it skips it later)."""
 
     def look() -> None:
         if future.done():
-            return
+            return  # ended (or the caller cancelled the Future: nobody waits for it)
         with shard.lock:
-            if run_id in shard.runs:
-                return  # taken up: the supervisor watches it
+            run = shard.runs.get(run_id)
             took = shard.stuck_for()
-            if took:
+            if took and run is None:
                 shard.dropped.add(run_id)
                 drop(took)
                 return
+            if took and run is not None and shard.evict is not None:
+                # Its supervisor's thread is stuck inside the journal (a frozen file
+                # system): it cannot read its inbox, so the run ends from here.
+                shard.evict(run_id, run, took)
+                return
+        if run is not None and shard.wall is not None:
+            shard.wall(run_id)
         timer.after(WATCH_EVERY_S, look)
 
     timer.at(deadline + HUNG_AFTER_S, look)
@@ -202,6 +214,8 @@ class SupervisorActor(Actor):
         self.on_finished = on_finished
         self.shard = shard if shard is not None else Shard()
         self.runs = self.shard.runs
+        self.shard.evict = self._evict
+        self.shard.wall = self._tell_wall
         self._tokens = itertools.count(1)
         #: Generations are unique across this supervisor's runs: a late answer to a run that
         #: was given up on never matches a later run of the same id (a resume).
@@ -269,7 +283,7 @@ class SupervisorActor(Actor):
         match message:
             case StartRun(spec=spec, future=future, seq=seq):
                 if future.done() and self._dropped(spec.run_id):
-                    return  # ended while this thread hung in a commit (watch_intake)
+                    return  # ended while this thread hung in a commit (see watch)
                 driver = Driver(spec)
                 run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop),
                            generation=next(self._generations))
@@ -282,8 +296,6 @@ class SupervisorActor(Actor):
                     # ending it.
                     left = max(driver.deadline - driver.clock.monotonic(), 0.0)
                     limits[spec.run_id] = time.monotonic() + left + GRACE_S / 2
-                if driver.deadline is not None:
-                    self._watch(spec.run_id, run, driver.deadline)
                 self._advance(spec.run_id, run, None, None)
             case EffectDone(run_id=run_id, value=value, error=error, appended=appended,
                             generation=generation):
@@ -421,25 +433,8 @@ class SupervisorActor(Actor):
                 self.executor.tell(DispatchBatch(effect, completed))
 
     # -- commits that hang past the deadline --------------------------------------------
-    def _watch(self, run_id: str, run: _Run, deadline: float) -> None:
-        """From ``HUNG_AFTER_S`` past ``deadline`` on, until the run ends, look every
-        ``WATCH_EVERY_S`` for a commit it waits for that hangs (on the timer thread)."""
-        me, timer, shard = self.actor_ref, self.workers.timer, self.shard
-
-        def look() -> None:
-            with shard.lock:
-                if self.runs.get(run_id) is not run:
-                    return  # it ended
-                took = shard.stuck_for()
-                if took:
-                    # This supervisor's thread is stuck inside the journal (a frozen file
-                    # system): it cannot read its inbox, so the run ends from here.
-                    self._evict(run_id, run, took)
-                    return
-            tell(me, _CommitWall(run_id))
-            timer.after(WATCH_EVERY_S, look)
-
-        timer.at(deadline + HUNG_AFTER_S, look)
+    def _tell_wall(self, run_id: str) -> None:
+        tell(self.actor_ref, _CommitWall(run_id))
 
     def _dropped(self, run_id: str) -> bool:
         with self.shard.lock:
