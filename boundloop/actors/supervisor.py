@@ -194,8 +194,8 @@ def hung(took: float) -> JournalUnavailable:
     """The error of a run given up on while a journal commit hangs."""
     return JournalUnavailable(
         f"a journal commit had not returned after {took:.1f} s (a frozen or hung file "
-        "system?) when the run's deadline and grace ran out; the run ended without "
-        "waiting for it, and nothing that commit was for was started")
+        "system?) and the run's deadline had passed; the run ended without waiting for "
+        "it, and nothing that commit was for was started")
 
 
 class SupervisorActor(Actor):
