@@ -87,6 +87,39 @@ def test_a_loop_held_by_an_abandoned_call_goes_to_no_other_run() -> None:
         loops.close()
 
 
+def test_past_the_cap_a_new_loop_starts_only_while_every_loop_is_stuck() -> None:
+    loops = Loops(cap=1, limit=2)
+    release = threading.Event()
+
+    async def hold() -> None:
+        release.wait(10)
+
+    async def where() -> threading.Thread:
+        return threading.current_thread()
+
+    try:
+        first = RunLoop()
+        blocked = loops.start(first, hold())
+        loops.release(first)
+        second = RunLoop()
+        loops.start(second, where()).result(timeout=5)
+        assert second.held is not first.held and loops.threads == 2
+        third = RunLoop()  # at the limit: shares the loop no ended run's call holds
+        loops.start(third, where()).result(timeout=5)
+        assert third.held is second.held and loops.threads == 2
+        release.set()
+        blocked.result(timeout=5)
+        loops.release(second)
+        loops.release(third)
+        ends = time.monotonic() + 5
+        while loops.threads > 1 and time.monotonic() < ends:
+            time.sleep(0.01)
+        assert loops.threads == 1  # the loop past the cap ended once idle
+    finally:
+        release.set()
+        loops.close()
+
+
 def test_a_run_started_with_arun_keeps_the_callers_loop() -> None:
     loops = Loops(cap=2)
 

@@ -439,11 +439,21 @@ class _LoopThread:
 
     def __init__(self, name: str) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.runs = 0  # runs that hold it
         self.calls = 0  # calls started on it that have not ended
         self.orphans = 0  # of those, calls of runs that have ended (abandoned, still running)
         self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    def idle(self) -> bool:
+        """No run holds it and no call runs on it."""
+        return self.runs == 0 and self.calls == 0
 
 
 class RunLoop:
@@ -465,16 +475,19 @@ class RunLoop:
 
 
 class Loops:
-    """The runner's event-loop threads for async callables, up to ``cap`` of them.
+    """The runner's event-loop threads for async callables: up to ``cap`` of them, and up
+    to ``limit`` while every loop is held by a call of an ended run.
 
-    A run takes an idle loop (no run holds it, no call of an ended run still runs on it),
-    else a new one while fewer than ``cap`` exist, else the one that serves the fewest
-    runs and calls among those where no call of an ended run still runs. A loop that such
-    a call holds (a coroutine that blocks, abandoned at its deadline) is never idle, so it
-    is handed to no other run while it is stuck, unless every loop is."""
+    A run takes an idle loop (no run holds it, no call runs on it), else a new one while
+    fewer than ``cap`` exist, else the one that serves the fewest runs and calls among
+    those where no call of an ended run still runs. A loop that such a call holds (a
+    coroutine that blocks, abandoned at its deadline) is never idle, so it is handed to no
+    other run while it is stuck; when every loop is so held, a new one is started (up to
+    ``limit``), and loops beyond ``cap`` end once idle again."""
 
-    def __init__(self, cap: int = LOOP_THREADS) -> None:
+    def __init__(self, cap: int = LOOP_THREADS, limit: int = MAX_THREADS) -> None:
         self._cap = max(cap, 1)
+        self._limit = max(limit, self._cap)
         self._lock = threading.Lock()
         self._all: list[_LoopThread] = []
         self._serial = itertools.count()
@@ -488,9 +501,10 @@ class Loops:
     def _pick(self) -> _LoopThread:
         # Under self._lock.
         for held in self._all:
-            if held.runs == 0 and held.calls == 0:
+            if held.idle():
                 return held
-        if len(self._all) < self._cap:
+        count = len(self._all)
+        if count < self._cap or (count < self._limit and all(t.orphans for t in self._all)):
             held = _LoopThread(f"boundloop-loop-{next(self._serial)}")
             self._all.append(held)
             return held
@@ -506,7 +520,9 @@ class Loops:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the runner's event loops are closed")
-            held = run.held if run is not None else None
+            # A run that has ended takes no loop of its own again (a late call of it runs
+            # anywhere, as nobody's).
+            held = run.held if run is not None and not run.released else None
             if held is None:
                 held = self._pick()
                 if run is not None and not run.released:
@@ -530,6 +546,14 @@ class Loops:
                 held.orphans -= 1
             else:
                 run.calls -= 1
+            self._trim(held)
+
+    def _trim(self, held: _LoopThread) -> None:
+        # Under self._lock: a loop started past the cap (every other was stuck) ends once
+        # it is idle, so the cap holds again once the stuck calls have ended.
+        if held.idle() and len(self._all) > self._cap and held in self._all:
+            self._all.remove(held)
+            held.loop.call_soon_threadsafe(held.loop.stop)
 
     def release(self, run: RunLoop) -> None:
         """The run has ended: its loop may serve another run once its calls have ended."""
@@ -540,6 +564,7 @@ class Loops:
             if run.held is not None:
                 run.held.runs -= 1
                 run.held.orphans += run.calls  # they run on, abandoned
+                self._trim(run.held)
 
     def close(self) -> None:
         """Cancel what still runs on every loop (5 s in all, not each), stop the loops."""
@@ -572,7 +597,7 @@ class Workers:
         self.model_pool = Pool(model_threads, "boundloop-model", max_threads)
         self.tool_pool = Pool(tool_threads, "boundloop-tool", max_threads)
         self.timer = Timer(clock)
-        self.loops = Loops(loop_threads)
+        self.loops = Loops(loop_threads, max_threads)
 
     def start(self, pool: Pool, fn: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any], on_start: Callable[[], bool] | None = None,
