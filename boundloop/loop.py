@@ -229,8 +229,9 @@ Effect = Commit | InvokeModel | Dispatch | Reconcile | Ledger | CallUser
 
 
 # -- the run's fixed inputs ----------------------------------------------------------------
-class RunSpec(msgspec.Struct, kw_only=True):
-    """Everything a run needs that does not change while it runs."""
+class RunSpec(msgspec.Struct, kw_only=True, weakref=True):
+    """Everything a run needs that does not change while it runs (weakly referenced by the
+    watch on its deadline: a timer far in the future keeps no run's history alive)."""
 
     run_id: str
     model: Any

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
@@ -594,8 +595,9 @@ class Runner:
             if deadline is not None:
                 # A commit that hangs (its supervisor's, even before it takes the run up)
                 # cannot keep it past its deadline (SPEC 1).
+                spec_ref, future_ref = weakref.ref(spec), weakref.ref(future)
                 watch(self._shards[shard], self._workers.timer, spec.run_id, deadline,
-                             future, lambda took: self._dropped(spec, future, took))
+                      future_ref, lambda took: self._dropped(spec_ref, future_ref, took))
         except pykka.ActorDeadError:
             _settle_closed(future)
         finally:
@@ -644,12 +646,18 @@ class Runner:
         return RunResult(spec.run_id, status, None, explanation, 0, 0, list(spec.history), [],
                          [], Usage(), 0.0)
 
-    def _dropped(self, spec: RunSpec, future: Future[RunResult], took: float) -> None:
+    def _dropped(self, spec_ref: weakref.ref[RunSpec],
+                 future_ref: weakref.ref[Future[RunResult]], took: float) -> bool:
         """The run was given up on before its supervisor, stuck in a commit, took it up:
-        nothing of it ran or was written."""
+        nothing of it ran or was written. (Both are alive: the supervisor's inbox holds
+        the run's StartRun.)"""
+        spec, future = spec_ref(), future_ref()
+        if spec is None or future is None:
+            return False
         _settle(future, self._refused(spec, "journal_unavailable",
                                       f"{hung(took)}; nothing ran."))
         self._finished(spec.run_id)
+        return True
 
     def _finished(self, run_id: str) -> None:
         with self._lock:

@@ -25,6 +25,7 @@ import contextlib
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Literal
@@ -160,23 +161,27 @@ class Shard:
 
 
 def watch(shard: Shard, timer: Timer, run_id: str, deadline: float,
-          future: Future[RunResult], drop: Callable[[float], None]) -> None:
+          future: weakref.ref[Future[RunResult]], drop: Callable[[float], bool]) -> None:
     """Watch a run with a deadline that was told to the supervisor of ``shard``, from
     ``HUNG_AFTER_S`` past ``deadline`` on (every ``WATCH_EVERY_S``, on the timer thread) until
-    its Future is settled: a run waiting for a commit that hangs is given up on. The
+    its Future is settled: a run waiting for a commit that hangs is given up on. The Future
+    is held weakly (a watch far in the future keeps no result alive), and so should
+    ``drop`` hold what it needs; while the run is in flight, its supervisor holds both. The
     supervisor does that itself (``_CommitWall``) while its thread is free; while its thread
     is the one stuck inside the commit, the watch ends the run (``SupervisorActor._evict``),
-    or ``drop(took)`` ends a run it has not taken up yet (it skips it later)."""
+    or ``drop(took)`` ends a run it has not taken up yet (True: then it skips it later)."""
 
     def look() -> None:
-        if future.done():
+        settled = future()
+        if settled is None or settled.done():
             return  # ended (or the caller cancelled the Future: nobody waits for it)
+        del settled
         with shard.lock:
             run = shard.runs.get(run_id)
             took = shard.stuck_for()
             if took and run is None:
-                shard.dropped.add(run_id)
-                drop(took)
+                if drop(took):
+                    shard.dropped.add(run_id)
                 return
             if took and run is not None and shard.evict is not None:
                 # Its supervisor's thread is stuck inside the journal (a frozen file
