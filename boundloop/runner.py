@@ -154,7 +154,10 @@ class Runner:
         max_threads: the most threads each pool (models, tools) may grow to while
             compensating for handlers and models stuck past their timeout or deadline
             (SPEC 5); a handler waiting in ``run_child`` is replaced beyond it, always
-            (SPEC 8).
+            (SPEC 8). Also the most event-loop threads for the ``async def`` callables of
+            runs started with ``run``/``submit``: a loop per run up to
+            ``workers.LOOP_THREADS`` (16), more only while every loop is held by a
+            coroutine of an ended run that blocks (see the README's "Threads").
         redaction_key: the key redacted values are digested under (SPEC 9): its bytes, or
             the path of a file holding them (at least 32 bytes, not all zero; never inside
             the journal directory). Default: ``$BOUNDLOOP_REDACTION_KEY_FILE``, else the
