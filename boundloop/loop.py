@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from boundloop import events as ev
-from boundloop.actors.workers import is_async
+from boundloop.actors.workers import RunLoop, is_async
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
@@ -142,8 +142,8 @@ class Dispatch(msgspec.Struct):
     #: the attempt's CallDispatched durable, then calls ``done(None)`` (or the error).
     record: Callable[[str, int, list[Attempt], Callable[[BaseException | None], None]],
                      None] | None = None
-    #: The event loop for async handlers (the caller's, for a run started with ``arun``).
-    loop: asyncio.AbstractEventLoop | None = None
+    #: Set by whoever performs the effect: where async handlers run (the run's loop).
+    loop: RunLoop | asyncio.AbstractEventLoop | None = None
     #: The run's ownership epoch, given to handlers as a fencing token.
     epoch: int = 0
 
@@ -161,7 +161,7 @@ class Reconcile(msgspec.Struct):
     ``(took_effect, result)`` with ``took_effect`` None when it cannot tell."""
 
     planned: Planned
-    loop: asyncio.AbstractEventLoop | None = None
+    loop: RunLoop | asyncio.AbstractEventLoop | None = None
 
 
 class Ledger(msgspec.Struct):
@@ -249,8 +249,9 @@ _ATTEMPT_FACTS = (ev.CallSucceeded, ev.CallFailed, ev.CallTimedOut, ev.CallOutco
 
 
 # -- the run's fixed inputs ----------------------------------------------------------------
-class RunSpec(msgspec.Struct, kw_only=True):
-    """Everything a run needs that does not change while it runs."""
+class RunSpec(msgspec.Struct, kw_only=True, weakref=True):
+    """Everything a run needs that does not change while it runs (weakly referenced by the
+    watch on its deadline: a timer far in the future keeps no run's history alive)."""
 
     run_id: str
     model: Any
@@ -302,6 +303,31 @@ def idempotency_key(run_id: str, call_id: str) -> str:
     return hashlib.sha256(f"{run_id}\x00{call_id}".encode()).hexdigest()[:32]
 
 
+def elapsed_before_start(spec: RunSpec) -> float:
+    """The run's active time before it (re)starts now: what its events say, plus the time
+    it has waited for a person since its turn ended awaiting approval (the deadline runs on
+    meanwhile, SPEC 14)."""
+    state = spec.resume
+    if state is None:
+        return 0.0
+    if state.waiting_since is None:
+        return state.elapsed_s
+    return state.elapsed_s + max(spec.clock.time() - state.waiting_since, 0.0)
+
+
+def run_deadline(spec: RunSpec, now: float) -> float | None:
+    """The run's deadline on its clock, for a run (re)started at ``now``, or None."""
+    deadline_s = spec.budget.deadline_s
+    elapsed_before = elapsed_before_start(spec)
+    deadline = None if deadline_s is None else now + max(deadline_s - elapsed_before, 0.0)
+    if spec.parent_deadline is not None:
+        # Its budget's deadline_s was what the parent had left a moment ago: the parent's
+        # own deadline bounds it exactly, at any depth (SPEC 8).
+        deadline = spec.parent_deadline if deadline is None else \
+            min(deadline, spec.parent_deadline)
+    return deadline
+
+
 class Driver:
     """One run's orchestration: ``run()`` is the generator of effects; the supervisor may
     also ask it for the events of an attempt that starts mid-batch (``attempt_events``)
@@ -317,18 +343,8 @@ class Driver:
         self.never_dispatched: set[str] = set()
         self.uninvoked = 0  # model steps started but refused before the model was called
         self.started = self.clock.monotonic()
-        self.elapsed_before = self.state.elapsed_s
-        if self.state.waiting_since is not None:
-            # The deadline ran on while the run waited for a person (SPEC 14).
-            self.elapsed_before += max(self.clock.time() - self.state.waiting_since, 0.0)
-        deadline_s = self.budget.deadline_s
-        self.deadline = None if deadline_s is None else \
-            self.started + max(deadline_s - self.elapsed_before, 0.0)
-        if spec.parent_deadline is not None:
-            # Its budget's deadline_s was what the parent had left a moment ago: the
-            # parent's own deadline bounds it exactly, at any depth (SPEC 8).
-            self.deadline = spec.parent_deadline if self.deadline is None else \
-                min(self.deadline, spec.parent_deadline)
+        self.elapsed_before = elapsed_before_start(spec)
+        self.deadline = run_deadline(spec, self.started)
         self.schemas = _json.encode([t.schema for t in spec.tools.values()])
         # The run tree's ledger (SPEC 8): a child settles from the start; a parent once a
         # handler of it started a child. ``charged`` is own spend already charged.

@@ -10,6 +10,7 @@ import socket
 import threading
 import time
 import uuid
+import weakref
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -25,7 +26,7 @@ from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.budget import BudgetActor, Close, Left, Open
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.messages import Admit, Release, StartRun
-from boundloop.actors.supervisor import SupervisorActor
+from boundloop.actors.supervisor import Shard, SupervisorActor, hung, watch
 from boundloop.actors.workers import MAX_THREADS, Workers, waiting
 from boundloop.agent import Agent, check_labels
 from boundloop.cancel import CancelToken
@@ -46,7 +47,7 @@ from boundloop.errors import (
 from boundloop.journal import lmdb as lmdb_journal
 from boundloop.journal.base import Fence, Journal, OwnerRecord, check_run_id
 from boundloop.journal.lmdb import LmdbJournal
-from boundloop.loop import Driver, Estimator, ParentLink, Permit, RunSpec
+from boundloop.loop import Driver, Estimator, ParentLink, Permit, RunSpec, run_deadline
 from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
 from boundloop.policy import decide
@@ -180,7 +181,10 @@ class Runner:
         max_threads: the most threads each pool (models, tools) may grow to while
             compensating for handlers and models stuck past their timeout or deadline
             (SPEC 5); a handler waiting in ``run_child`` is replaced beyond it, always
-            (SPEC 8).
+            (SPEC 8). Also the most event-loop threads for the ``async def`` callables of
+            runs started with ``run``/``submit``: a loop per run up to
+            ``workers.LOOP_THREADS`` (16), more only while every loop is held by a
+            coroutine of an ended run that blocks (see the README's "Threads").
         redaction_key: the key redacted values are digested under (SPEC 9): its bytes, or
             the path of a file holding them (at least 32 bytes, not all zero; never inside
             the journal directory). Default: ``$BOUNDLOOP_REDACTION_KEY_FILE``, else the
@@ -281,10 +285,11 @@ class Runner:
         self._executor = ExecutorActor.start(self._workers, self.telemetry)
         self._budget = BudgetActor.start()
         self._admission = AdmissionActor.start(self._journal, max_in_flight)
+        self._shards = [Shard() for _ in range(supervisors)]
         self._supervisors = [
             SupervisorActor.start(self._journal, self._executor, self._budget, self._workers,
-                                  self._finished, self.telemetry)
-            for _ in range(supervisors)]
+                                  self._finished, self.telemetry, shard)
+            for shard in self._shards]
 
     # -- ownership ---------------------------------------------------------------------
     def _register(self) -> None:
@@ -883,6 +888,13 @@ class Runner:
             # Here, in the caller's thread or task: its current span is the run's parent.
             self.telemetry.link(spec.run_id, spec.parent_run_id)
             self._supervisors[shard].tell(StartRun(spec, future, seq))
+            deadline = run_deadline(spec, self.clock.monotonic())
+            if deadline is not None:
+                # A commit that hangs (its supervisor's, even before it takes the run up)
+                # cannot keep it past its deadline (SPEC 1).
+                spec_ref, future_ref = weakref.ref(spec), weakref.ref(future)
+                watch(self._shards[shard], self._workers.timer, spec.run_id, deadline,
+                      future_ref, lambda took: self._dropped(spec_ref, future_ref, took))
         except pykka.ActorDeadError:
             self.telemetry.release(spec.run_id)
             _settle_closed(future)
@@ -931,6 +943,19 @@ class Runner:
         explanation = decide.explain(decide.Stop(status, detail=detail), spec.budget)
         return RunResult(spec.run_id, status, None, explanation, 0, 0, list(spec.history), [],
                          [], Usage(), 0.0)
+
+    def _dropped(self, spec_ref: weakref.ref[RunSpec],
+                 future_ref: weakref.ref[Future[RunResult]], took: float) -> bool:
+        """The run was given up on before its supervisor, stuck in a commit, took it up:
+        nothing of it ran or was written. (Both are alive: the supervisor's inbox holds
+        the run's StartRun.)"""
+        spec, future = spec_ref(), future_ref()
+        if spec is None or future is None:
+            return False
+        _settle(future, self._refused(spec, "journal_unavailable",
+                                      f"{hung(took)}; nothing ran."))
+        self._finished(spec.run_id)
+        return True
 
     def _finished(self, run_id: str) -> None:
         with self._lock:

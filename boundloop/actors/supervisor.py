@@ -9,6 +9,14 @@ ends that run, with a status and a RunFinished when the journal can still take o
 actor goes on serving the others. Deadlines and cancellation of model calls are timers the
 supervisor owns: a model call waiting for a thread ends as soon as the run is cancelled or
 its deadline passes, and one still running is abandoned 0.5 s past the deadline (SPEC 5).
+
+A journal commit may hang in the kernel (a frozen or hung file system): no deadline can
+interrupt it. A run with a deadline is looked at from ``HUNG_AFTER_S`` past the deadline on
+(``watch``, on the timer thread): a run still waiting for a commit that has taken
+``COMMIT_PATIENCE_S`` is given up on, ending ``journal_unavailable`` with nothing more
+written and nothing started on that commit's strength; when this supervisor's own thread is
+the one stuck inside the commit, the timer thread ends the run itself (``_evict``), under a
+lock that keeps it and this thread apart.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import contextlib
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable, Generator
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Literal
@@ -29,7 +38,7 @@ from boundloop import events as ev
 from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
-from boundloop.actors.workers import Workers, outcome, tell
+from boundloop.actors.workers import RunLoop, Timer, Workers, outcome, tell
 from boundloop.errors import JournalError, JournalUnavailable, LeaseLost
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
@@ -51,6 +60,16 @@ from boundloop.telemetry import Telemetry
 GRACE_S = 0.5
 #: A supervisor commits its outbox once its inbox runs dry, or at this many appends.
 OUTBOX_MAX = 256
+#: From ``HUNG_AFTER_S`` past its deadline on, a run waiting for a commit that has taken this
+#: long ends journal_unavailable without waiting for it (a commit begun later, the run's
+#: RunFinished say, may take this long to record how the run ended).
+COMMIT_PATIENCE_S = 0.25
+#: When, past a run's deadline, its commits are first looked at: after the journal's own
+#: wait for a busy write lock gave up (half the grace, see ``wait_limits``), so that a lock
+#: held by another process is reported as such; early enough to end within the grace.
+HUNG_AFTER_S = GRACE_S * 0.7
+#: How often a run past that point is looked at again, until it ends.
+WATCH_EVERY_S = 0.05
 
 _Wall = Literal["cancelled", "deadline", "grace"]
 
@@ -66,6 +85,11 @@ class _Run(msgspec.Struct):
     committing: list[ev.Event] = msgspec.field(default_factory=list)
     #: The user call (model, estimator, permit) the run waits for, if any.
     call: _UserCall | None = None
+    #: Where the run's async callables run (a loop of its own, or the caller's for arun).
+    loop: RunLoop = msgspec.field(default_factory=RunLoop)
+    #: time.monotonic() when the commit the run waits for was queued; 0.0 when it waits
+    #: for none.
+    commit_at: float = 0.0
 
 
 class _UserCall(msgspec.Struct):
@@ -90,6 +114,12 @@ class _UserWall(msgspec.Struct):
     why: _Wall
 
 
+class _CommitWall(msgspec.Struct):
+    """The run is ``HUNG_AFTER_S`` past its deadline: give up on a commit that hangs."""
+
+    run_id: str
+
+
 class _RecordAttempt(msgspec.Struct):
     run_id: str
     execution_id: str
@@ -105,12 +135,82 @@ class _AttemptRecorded(msgspec.Struct):
     done: Callable[[BaseException | None], None]
 
 
+class Shard:
+    """What a supervisor shares with the threads that watch it: whether its thread is inside
+    a journal commit and since when, its runs, and runs given up on before it took them up.
+    ``lock`` keeps a watcher and the supervisor's thread from touching a run at once: the
+    supervisor holds it only to enter and leave a commit."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: time.monotonic() when the supervisor's thread entered a commit; 0.0 outside one.
+        self.committing = 0.0
+        self.runs: dict[str, _Run] = {}
+        #: Runs told to the supervisor that a watcher ended before it took them up.
+        self.dropped: set[str] = set()
+        #: Set by the supervisor: ends a run while its thread hangs in a commit (under
+        #: ``lock``), and tells it to give up on a commit that hangs (``_CommitWall``).
+        self.evict: Callable[[str, _Run, float], None] | None = None
+        self.wall: Callable[[str], None] | None = None
+
+    def stuck_for(self) -> float:
+        """Under ``lock``: how long the supervisor's thread has been inside a commit, if
+        that is ``COMMIT_PATIENCE_S`` or more (it hangs); else 0.0."""
+        since = self.committing
+        took = time.monotonic() - since if since else 0.0
+        return took if took >= COMMIT_PATIENCE_S else 0.0
+
+
+def watch(shard: Shard, timer: Timer, run_id: str, deadline: float,
+          future: weakref.ref[Future[RunResult]], drop: Callable[[float], bool]) -> None:
+    """Watch a run with a deadline that was told to the supervisor of ``shard``, from
+    ``HUNG_AFTER_S`` past ``deadline`` on (every ``WATCH_EVERY_S``, on the timer thread) until
+    its Future is settled: a run waiting for a commit that hangs is given up on. The Future
+    is held weakly (a watch far in the future keeps no result alive), and so should
+    ``drop`` hold what it needs; while the run is in flight, its supervisor holds both. The
+    supervisor does that itself (``_CommitWall``) while its thread is free; while its thread
+    is the one stuck inside the commit, the watch ends the run (``SupervisorActor._evict``),
+    or ``drop(took)`` ends a run it has not taken up yet (True: then it skips it later)."""
+
+    def look() -> None:
+        settled = future()
+        if settled is None or settled.done():
+            return  # ended (or the caller cancelled the Future: nobody waits for it)
+        del settled
+        with shard.lock:
+            run = shard.runs.get(run_id)
+            took = shard.stuck_for()
+            if took and run is None:
+                if drop(took):
+                    shard.dropped.add(run_id)
+                return
+            if took and run is not None and shard.evict is not None:
+                # Its supervisor's thread is stuck inside the journal (a frozen file
+                # system): it cannot read its inbox, so the run ends from here.
+                shard.evict(run_id, run, took)
+                return
+        if run is not None and shard.wall is not None:
+            shard.wall(run_id)
+        timer.after(WATCH_EVERY_S, look)
+
+    timer.at(deadline + HUNG_AFTER_S, look)
+
+
+def hung(took: float) -> JournalUnavailable:
+    """The error of a run given up on while a journal commit hangs."""
+    return JournalUnavailable(
+        f"a journal commit had not returned after {took:.1f} s (a frozen or hung file "
+        "system?) and the run's deadline had passed; the run ended without waiting for "
+        "it, and nothing that commit was for was started")
+
+
 class SupervisorActor(Actor):
     """Drives the runs given to it (``StartRun``) until each returns its RunResult."""
 
     def __init__(self, journal: Journal, executor: pykka.ActorRef[Any],
                  budget: pykka.ActorRef[Any], workers: Workers,
-                 on_finished: Callable[[str], None], telemetry: Telemetry | None = None) -> None:
+                 on_finished: Callable[[str], None], telemetry: Telemetry | None = None,
+                 shard: Shard | None = None) -> None:
         super().__init__()
         self.telemetry = telemetry
         self.journal = journal
@@ -118,8 +218,14 @@ class SupervisorActor(Actor):
         self.budget = budget
         self.workers = workers
         self.on_finished = on_finished
-        self.runs: dict[str, _Run] = {}
+        self.shard = shard if shard is not None else Shard()
+        self.runs = self.shard.runs
+        self.shard.evict = self._evict
+        self.shard.wall = self._tell_wall
         self._tokens = itertools.count(1)
+        #: Generations are unique across this supervisor's runs: a late answer to a run that
+        #: was given up on never matches a later run of the same id (a resume).
+        self._generations = itertools.count(1)
         #: Appends waiting for the inbox to run dry, then committed together (see _flush).
         self._outbox: list[Submission] = []
 
@@ -146,6 +252,9 @@ class SupervisorActor(Actor):
         come back as messages, like any other. A journal that raises instead of answering
         fails every append of the batch not answered yet (each is answered once)."""
         batch, self._outbox = self._outbox, []
+        shard = self.shard
+        with shard.lock:
+            shard.committing = time.monotonic()
         try:
             self.journal.submit_many(batch)
         except Exception as exc:  # noqa: BLE001 - the failure rule: fail the appends, serve on
@@ -153,12 +262,18 @@ class SupervisorActor(Actor):
                 f"the journal failed to take an append ({type(exc).__name__}: {exc})")
             for submission in batch:
                 submission[3](err)
+        finally:
+            # Past this (it may wait while the timer thread ends a run: _evict), the runs
+            # are this thread's again.
+            with shard.lock:
+                shard.committing = 0.0
 
     def _abandon(self, run_id: str, run: _Run, exc: BaseException) -> None:
         """The last resort when ending a run failed: forget it here and fail its Future;
         it stays open in the journal, for recovery."""
         if self.runs.get(run_id) is run:
             del self.runs[run_id]
+        self.workers.loops.release(run.loop)
         with contextlib.suppress(Exception):
             self.on_finished(run_id)
         with contextlib.suppress(InvalidStateError):
@@ -173,8 +288,11 @@ class SupervisorActor(Actor):
     def _handle(self, message: Any) -> None:
         match message:
             case StartRun(spec=spec, future=future, seq=seq):
+                if future.done() and self._dropped(spec.run_id):
+                    return  # ended while this thread hung in a commit (see watch)
                 driver = Driver(spec)
-                run = _Run(driver, driver.run(), future, seq)
+                run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop),
+                           generation=next(self._generations))
                 self.runs[spec.run_id] = run
                 limits = getattr(self.journal, "wait_limits", None)
                 if driver.deadline is not None and limits is not None:
@@ -189,6 +307,7 @@ class SupervisorActor(Actor):
                             generation=generation):
                 waiting = self.runs.get(run_id)
                 if waiting is not None and waiting.generation == generation:
+                    waiting.commit_at = 0.0
                     if error is None:
                         waiting.seq += appended
                         if appended:
@@ -203,6 +322,11 @@ class SupervisorActor(Actor):
                 asked = self.runs.get(run_id)
                 if asked is not None and asked.call is not None and asked.call.token == token:
                     self._wall(run_id, asked, why)
+            case _CommitWall(run_id=run_id):
+                late = self.runs.get(run_id)
+                if late is not None and late.commit_at and \
+                        time.monotonic() - late.commit_at >= COMMIT_PATIENCE_S:
+                    self._give_up_commit(run_id, late)
             case _RecordAttempt():
                 self._record_attempt(message)
             case _AttemptRecorded(run_id=run_id, events=events, error=error, done=done):
@@ -237,7 +361,7 @@ class SupervisorActor(Actor):
             return
         run.failed = True
         run.call = None
-        run.generation += 1  # what the failed driving still waits for is ignored
+        run.generation = next(self._generations)  # what the failed driving waits for is ignored
         run.gen = run.driver.fail(exc)
         self._advance(run_id, run, None, None)
 
@@ -256,6 +380,7 @@ class SupervisorActor(Actor):
             self.telemetry.release(run_id, result.status if result is not None else None)
         if self.runs.get(run_id) is run:
             del self.runs[run_id]
+        self.workers.loops.release(run.loop)
         self.on_finished(run_id)
         future = run.future
         try:
@@ -275,6 +400,7 @@ class SupervisorActor(Actor):
             case Commit(events=events):
                 count = len(events)
                 run.committing = events
+                run.commit_at = time.monotonic()
 
                 def committed(err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, None, err, count, generation))
@@ -304,7 +430,7 @@ class SupervisorActor(Actor):
 
                 self.budget.tell(Settle(effect, settled))
             case Dispatch() | Reconcile():
-                effect.loop = run.driver.spec.loop
+                effect.loop = run.loop
                 if isinstance(effect, Dispatch):
                     journal = self.journal
                     effect.recordable = lambda: not journal.closed
@@ -316,6 +442,47 @@ class SupervisorActor(Actor):
                     tell(me, EffectDone(run_id, outcomes, err, generation=generation))
 
                 self.executor.tell(DispatchBatch(effect, completed))
+
+    # -- commits that hang past the deadline --------------------------------------------
+    def _tell_wall(self, run_id: str) -> None:
+        tell(self.actor_ref, _CommitWall(run_id))
+
+    def _dropped(self, run_id: str) -> bool:
+        with self.shard.lock:
+            if run_id in self.shard.dropped:
+                self.shard.dropped.discard(run_id)
+                return True
+        return False
+
+    def _give_up_commit(self, run_id: str, run: _Run) -> None:
+        """The run waits for a commit that hangs past its deadline: end it now. Nothing the
+        commit was for is started: its answer, should it ever come, is ignored."""
+        took = time.monotonic() - run.commit_at
+        run.generation = next(self._generations)
+        run.commit_at = 0.0
+        run.committing = []
+        self._advance(run_id, run, None, hung(took))
+
+    def _evict(self, run_id: str, run: _Run, took: float) -> None:
+        """End ``run`` from the timer thread while this supervisor's own thread is stuck
+        inside a journal commit (under the shard's lock, so that thread touches no run meanwhile):
+        the run ends journal_unavailable with nothing more written, as the events it has
+        not seen committed left it. Its messages that come later find no run and are
+        ignored; nothing is started for it."""
+        call = run.call
+        if call is not None:
+            with call.gate:
+                call.abandoned = True
+            if call.started and call.future is not None:
+                self.workers.compensate(call.future)
+            if call.unwatch is not None:
+                call.unwatch()
+            run.call = None
+        run.generation = next(self._generations)
+        run.driver.lose(run.committing)
+        run.committing = []
+        result = run.driver.unavailable(str(hung(took)))
+        self._done(run_id, run, result, None)
 
     # -- user calls under the deadline wall -------------------------------------------
     def _call_user(self, run_id: str, run: _Run, fn: Callable[..., Any],
@@ -332,8 +499,7 @@ class SupervisorActor(Actor):
                 return True
 
         future = call.future = self.workers.start(self.workers.model_pool, fn, args, {},
-                                                  on_start, loop=run.driver.spec.loop,
-                                                  context=otel)
+                                                  on_start, loop=run.loop, context=otel)
         run.call = call
 
         def returned(f: Future[Any]) -> None:
