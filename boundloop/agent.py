@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -40,8 +41,10 @@ class Agent:
                  budget: Budget | None = None, version: str = "",
                  permit: Callable[..., Any] | None = None, max_running: int | None = None,
                  max_queued: int = 100_000) -> None:
-        if not isinstance(name, str) or not name.strip() or len(name) > 128:
-            raise ConfigError(f"an agent needs a name of 1 to 128 characters, got {name!r}")
+        if not isinstance(name, str) or not name.strip() or len(name) > 128 \
+                or any(unicodedata.category(c)[0] == "C" for c in name):
+            raise ConfigError(f"an agent needs a name of 1 to 128 printable characters, got "
+                              f"{name!r}")
         if not callable(model):
             raise ConfigError(f"agent {name!r}: model must be a callable (history, ctx) -> "
                               f"response, got {model!r}")
@@ -93,5 +96,12 @@ def check_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
         if len(value) > MAX_LABEL_VALUE:
             raise ConfigError(f"the value of label {key!r} is longer than {MAX_LABEL_VALUE} "
                               "characters")
+        for text in (key, value):
+            bad = next((c for c in text if unicodedata.category(c)[0] == "C"), None)
+            if bad is not None:
+                # Control and format characters (a newline, NUL, a bidi override) would
+                # forge lines and reorder text where labels are printed.
+                raise ConfigError(f"label {key!r} holds the control or format character "
+                                  f"U+{ord(bad):04X}; labels are printable text")
         out[key] = value
     return out

@@ -1144,19 +1144,30 @@ def worker(journal: str | None, target: str, concurrency: int, grace_s: float,
     if not sep or not module_name or not attr:
         raise click.BadParameter("give MODULE:AGENTS, e.g. myapp.agents:AGENTS",
                                  param_hint="'MODULE:AGENTS'")
+    hint = "'MODULE:AGENTS'"
     sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}",
-                                 param_hint="'MODULE:AGENTS'") from None
-    found = getattr(module, attr, None)
-    if found is None:
-        raise click.BadParameter(f"module {module_name!r} has no {attr!r}",
-                                 param_hint="'MODULE:AGENTS'")
+    except Exception as exc:  # noqa: BLE001 - the user's module: its error, in one line
+        raise click.BadParameter(f"cannot import {module_name!r}: {type(exc).__name__}: "
+                                 f"{exc}", param_hint=hint) from None
+    if not hasattr(module, attr):
+        raise click.BadParameter(f"module {module_name!r} has no {attr!r}", param_hint=hint)
+    found = getattr(module, attr)
     if callable(found) and not isinstance(found, Agent):
-        found = found()
-    agents = [found] if isinstance(found, Agent) else list(found)
+        try:
+            found = found()
+        except Exception as exc:  # noqa: BLE001 - the user's factory
+            raise click.BadParameter(f"{target} raised {type(exc).__name__}: {exc}",
+                                     param_hint=hint) from None
+    if isinstance(found, Agent):
+        agents = [found]
+    elif isinstance(found, list | tuple) and found \
+            and all(isinstance(a, Agent) for a in found):
+        agents = list(found)
+    else:
+        raise click.BadParameter(f"{target} is {type(found).__name__} {found!r:.60}, not a "
+                                 "bl.Agent or a non-empty list of them", param_hint=hint)
     w = Worker(journal_dir(journal), agents, concurrency=concurrency, grace_s=grace_s,
                lease_s=lease_s)
     names = ", ".join(a.name for a in agents)

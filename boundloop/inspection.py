@@ -1186,6 +1186,8 @@ def prune(journal: Journal, older_than_s: float, *, dry_run: bool = False,
     def keep(info: RunInfo) -> bool:
         if info.status == "needs_review":
             kept[info.run_id] = "needs review: a person may still resolve and resume it"
+        elif info.status == "awaiting_approval":
+            kept[info.run_id] = "awaiting approval: a person may still approve or deny"
         elif info.run_id in open_parents:
             kept[info.run_id] = "a child run of it is still open"
         return info.run_id in kept

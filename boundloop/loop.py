@@ -243,6 +243,13 @@ def _approvals(rules: list[tuple[Any, ToolCall]], ctx: ModelContext) -> list[boo
 
 Effect = Commit | InvokeModel | Dispatch | Reconcile | Ledger | CallUser
 
+#: Who closes an approved call that cannot be sent (``CallResolved.by``).
+RUNNER = "boundloop"
+
+#: Why a nested run's call that needs approval is denied (SPEC 14, SPEC 8).
+NESTED_APPROVAL = ("it needs a person's approval, and a nested run cannot wait for one; "
+                   "call the tool from the parent run")
+
 #: What an attempt that ran leaves: recorded even when the run stops on a fenced runner.
 _ATTEMPT_FACTS = (ev.CallSucceeded, ev.CallFailed, ev.CallTimedOut, ev.CallOutcomeUnknown,
                   ev.CallReconciled)
@@ -492,8 +499,14 @@ class Driver:
         try:
             yield from self.commit()
         except SequenceConflict:
-            # Another runner admitted a run with this id first: this one never started.
             self.pending = []
+            if spec.resume is not None:
+                # Appended to between its claim and now (a person's decision, say): nothing
+                # was done here; the run is as the journal says.
+                return self.unavailable(f"Run {spec.run_id!r} changed while it was being "
+                                        "resumed (another writer appended to it); nothing "
+                                        "was done here: resume it again.", plain=True)
+            # Another runner admitted a run with this id first: this one never started.
             refused = decide.Stop("rejected", detail=f"a run with id {spec.run_id!r} "
                                                      "already exists in the journal; use a new id")
             self.state.status = refused.status
@@ -584,7 +597,10 @@ class Driver:
                 except ArgumentError as exc:
                     why = f"arguments no longer valid: {exc}"
             if why is not None or tool is None:
-                review.append(f"{rec.tool} {eid} (approved, but {why})")
+                # It never ran and cannot be sent from here: closed as not done, in words
+                # the model and the report show (a person approved it; nobody can send it).
+                self.emit(ev.CallResolved, execution_id=eid, outcome="failed", by=RUNNER,
+                          note=f"approved, but not sent: {why}")
                 continue
             planned.append(Planned(spec.run_id, eid, rec.idempotency_key, rec.call_id, tool,
                                    kwargs))
@@ -872,6 +888,10 @@ class Driver:
                 got = [True] * len(rules)
             for (i, _), verdict in zip(rules, got, strict=True):
                 decided[i] = (*decided[i][:3], bool(verdict))
+        if self.spec.parent_run_id is not None:
+            # A nested run cannot wait for a person (its parent's handler waits for it, and
+            # nothing would take it up again): such a call is denied, fail closed.
+            decided = [("denied", NESTED_APPROVAL, {}, False) if x[3] else x for x in decided]
         return decided
 
     def calls(self, step: int, batch: CallTools,

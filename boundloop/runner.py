@@ -62,6 +62,8 @@ from boundloop.tools import Tool, ToolLike
 
 #: Statuses a run ends with that ``resume`` continues (besides runs left open).
 RESUMABLE = ("needs_review", "journal_unavailable", "awaiting_approval")
+#: The longest note (and 256 for a name) a person's approve or deny may carry.
+MAX_NOTE = 4096
 #: How many resumable runs' scrubbers a runner keeps (the oldest go first).
 KEPT_SCRUBBERS = 1024
 
@@ -87,6 +89,13 @@ def _settle(future: Future[RunResult], result: RunResult) -> None:
     try:
         if not future.done():
             future.set_result(result)
+    except InvalidStateError:
+        pass  # the caller cancelled it meanwhile
+
+
+def _fail(future: Future[RunResult], exc: BaseException) -> None:
+    try:
+        future.set_exception(exc)
     except InvalidStateError:
         pass  # the caller cancelled it meanwhile
 
@@ -708,8 +717,19 @@ class Runner:
         """Settle ``out`` with the result of the existing run ``spec.run_id``: at once when
         it ended (or waits for a person), else once it ends. A queued or orphaned run of
         the same agent is taken over and driven here."""
+        # Never forever (SPEC 1): the caller's own deadline bounds the wait, and its cancel.
+        limit = spec.budget.deadline_s
+        until = None if limit is None else time.monotonic() + limit + 0.5
         try:
             while not self._closed and not out.done():
+                if spec.cancel.cancelled or (until is not None and time.monotonic() > until):
+                    why = "the caller cancelled" if spec.cancel.cancelled else \
+                        f"it did not end within the caller's deadline_s={limit}"
+                    _fail(out, AdmissionError(
+                        f"run {spec.run_id!r} exists and was not started again; this call "
+                        f"stopped waiting for it: {why}. It goes on as it is "
+                        f"(`boundloop show {spec.run_id}`)"))
+                    return
                 state, _ = self._load(spec.run_id)
                 if state.finished:
                     _settle(out, state.result())
@@ -763,6 +783,9 @@ class Runner:
                          by: str | None, note: str) -> RunState:
         if not isinstance(note, str) or (by is not None and not isinstance(by, str)):
             raise ConfigError("note and by must be strings")
+        if len(note) > MAX_NOTE or (by is not None and len(by) > 256):
+            raise ConfigError(f"a note may be at most {MAX_NOTE} characters and a name 256; "
+                              "keep the rest in your own records and refer to it")
         state, seq = self._load(run_id)
         record = state.calls.get(execution_id)
         if record is None or record.stage != "awaiting" \
@@ -772,10 +795,16 @@ class Runner:
                 f"run {run_id!r} {what} {execution_id!r} (the run is {state.status}"
                 + ("" if record is None else f", the call {record.stage}") + "); "
                 f"`boundloop show {run_id}` lists its calls and what they wait for")
+        if state.owner and state.owner != self.owner \
+                and not self._owner_gone(state.owner, self._journal.owners()):
+            raise ApprovalError(f"run {run_id!r} is being resumed by the live runner "
+                                f"{state.owner!r}; decide once it waits again (`boundloop "
+                                f"show {run_id}`)")
         scrubber = self._scrubber(run_id, state, keep=True)
         who = scrubber.text(journal_safe(by or f"{getpass.getuser()}@{socket.gethostname()}"))
         now = self.clock.time()
-        elapsed = state.elapsed_s + max(now - (state.waiting_since or now), 0.0)
+        # The time waited is counted once, from waiting_since, when the run goes on.
+        elapsed = state.elapsed_s
         batch: list[ev.Event] = [ev.ApprovalDecided(
             run_id=run_id, ts=now, elapsed_s=elapsed, execution_id=execution_id,
             approved=approved, by=who, note=scrubber.text(journal_safe(note)))]
@@ -841,8 +870,10 @@ class Runner:
         (a run redacted by another process)."""
         with self._lock:
             kept = self._scrubbers.get(run_id) if keep else self._scrubbers.pop(run_id, None)
+        # The arguments of calls not yet in the transcript (waiting for a person) too.
         return Scrubber(self._journal.secret_key, inherit=kept,
-                        digests=digests_in(state.transcript))
+                        digests=digests_in([state.transcript,
+                                            [r.arguments for r in state.calls.values()]]))
 
     def _keep_scrubber(self, run_id: str, scrubber: Scrubber | None,
                        future: Future[RunResult]) -> None:

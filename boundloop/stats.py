@@ -109,6 +109,8 @@ class Stats(msgspec.Struct, frozen=True):
     tool_attempts: int
     tool_latency_s: Distribution
     by: By | None = None
+    #: Runs whose turn ended awaiting approval and that wait for a person now (SPEC 14).
+    awaiting_approval: int = 0
     #: Per ``--by`` key: its figures.
     groups: dict[str, Group] | None = None
     #: Runs that could not be read (``boundloop verify`` tells more); they are left out.
@@ -169,20 +171,24 @@ class _Watch:
         self.in_window = False
         self.finished = False
         self.admitted: ev.RunAdmitted | None = None
+        self.awaiting = False
 
     def __call__(self, e: ev.Event) -> None:
         muted = self.sink.muted = self.since is not None and e.ts < self.since
         self.in_window = self.in_window or not muted
-        if isinstance(e, ev.RunFinished):
+        if isinstance(e, ev.RunFinished) and e.status == "awaiting_approval":
+            self.awaiting = True  # not a finished run: it waits for a person
+        elif isinstance(e, ev.RunFinished):
             self.finished = True
+            self.awaiting = False
             if not muted:
                 first = self.admitted
                 self.finishes.append(_Finish(e.status, e.exhausted_limit, e.elapsed_s,
                                              e.usage.cost,
                                              first.labels if first is not None else {},
                                              first.agent if first is not None else ""))
-        elif isinstance(e, ev.RunAdmitted | ev.RunResumed):
-            self.finished = False
+        elif isinstance(e, ev.RunAdmitted | ev.RunResumed | ev.RunRequeued):
+            self.finished = self.awaiting = False
             if isinstance(e, ev.RunAdmitted):
                 self.admitted = e
 
@@ -202,15 +208,17 @@ def compute(runs: Iterable[tuple[str, Iterable[ev.Event]]], *, since: float | No
     sink = _Collect()
     watch = _Watch(sink, since)
     projection = Projection(sink, None, keep_finished=True, on_event=watch)
-    seen = open_runs = 0
+    seen = open_runs = awaiting = 0
     for run_id, events in runs:
-        watch.in_window = watch.finished = False
+        watch.in_window = watch.finished = watch.awaiting = False
         watch.admitted = None
         projection.project(run_id, events)
         projection.runs.pop(run_id, None)
         seen += watch.in_window
-        open_runs += not watch.finished
-    return _figures(sink, watch.finishes, seen, open_runs, since, by)
+        awaiting += watch.awaiting
+        open_runs += not watch.finished and not watch.awaiting
+    stats = _figures(sink, watch.finishes, seen, open_runs, since, by)
+    return msgspec.structs.replace(stats, awaiting_approval=awaiting) if awaiting else stats
 
 
 def _figures(sink: _Collect, finishes: list[_Finish], seen: int, open_runs: int,
@@ -368,7 +376,7 @@ def summary(stats: Stats) -> list[str]:
     lines = [
         f"window: {window} ({_plural(stats.runs_seen, 'run')} with events in it)",
         f"runs finished: {stats.runs} ({_pairs(stats.runs_by_status)}); still open: "
-        f"{stats.open_runs}",
+        f"{stats.open_runs}; awaiting approval: {stats.awaiting_approval}",
         f"limit hits: {_pairs(stats.limit_hits)}",
         f"unknown outcomes: {stats.outcome_unknown}",
         f"retries: {stats.retries}",

@@ -23,9 +23,10 @@ from types import FrameType
 from typing import Any
 
 from boundloop.agent import Agent
-from boundloop.errors import BoundloopError, ConfigError, RecoveryError
+from boundloop.errors import BoundloopError, ConfigError, JournalCorrupt, RecoveryError
 from boundloop.journal.base import Journal, RunInfo
 from boundloop.owners import owner_alive
+from boundloop.policy.replay import ReplayError
 from boundloop.results import RunResult
 from boundloop.runner import Runner
 
@@ -88,6 +89,8 @@ class Worker:
         self._ready = threading.Event()
         #: Runs finished by this worker, and how each ended (for reports and tests).
         self.finished: dict[str, str] = {}
+        #: Runs that cannot be read (damaged): named once on stderr, then left alone.
+        self.damaged: set[str] = set()
         #: When the deadlines of runs that wait for a person pass (wall clock), by run.
         self._waiting: dict[str, float] = {}
         self._expired_checked = -SCAN_S
@@ -178,14 +181,15 @@ class Worker:
         if any(a.max_running is not None for a in self.agents.values()):
             for info in infos:
                 if info.owner and info.owner in live:
-                    name = runner.agent_of(info.run_id)
+                    name = self._agent_name(runner, info.run_id) or ""
                     running_by_agent[name] = running_by_agent.get(name, 0) + 1
         for info in infos:
             if free <= 0 or self._stopping.is_set():
                 break
-            if info.run_id in self._running or not self._free(info, live, runner):
+            if info.run_id in self._running or info.run_id in self.damaged \
+                    or not self._free(info, live, runner):
                 continue
-            agent = self.agents.get(runner.agent_of(info.run_id))
+            agent = self.agents.get(self._agent_name(runner, info.run_id) or "")
             if agent is None or info.parent_run_id is not None:
                 continue  # another worker's agent; a child run is its parent's business
             if agent.max_running is not None and \
@@ -199,6 +203,21 @@ class Worker:
             started += self._expire(runner, free)
         return started
 
+    def _agent_name(self, runner: Runner, run_id: str) -> str | None:
+        """The agent of ``run_id``; None for a run that cannot be read, which is named once
+        and left alone (one damaged run must not keep a worker from the others)."""
+        try:
+            return runner.agent_of(run_id)
+        except (JournalCorrupt, ReplayError) as exc:
+            self._damaged(run_id, exc)
+            return None
+
+    def _damaged(self, run_id: str, exc: BaseException) -> None:
+        if run_id not in self.damaged:
+            self.damaged.add(run_id)
+            print(f"boundloop worker: run {run_id} cannot be read and is left alone "
+                  f"(`boundloop verify` tells more): {exc}", file=sys.stderr)
+
     @staticmethod
     def _free(info: RunInfo, live: set[str], runner: Runner) -> bool:
         """True when nobody drives the open run: queued, or its owner is gone (a run of this
@@ -209,8 +228,7 @@ class Worker:
             return not runner.in_flight(info.run_id)
         return info.owner not in live
 
-    @staticmethod
-    def _within(runner: Runner, agent: Agent) -> bool:
+    def _within(self, runner: Runner, agent: Agent) -> bool:
         """Whether the agent's runs still fit ``max_running`` with the one this worker just
         claimed (its claim durable). Of two workers claiming at once, the later sees the
         earlier's claim here and gives its run back; both may give back, never both keep."""
@@ -221,7 +239,7 @@ class Worker:
         for info in runner.journal.open_infos():
             if info.owner and (info.owner == runner.owner
                                or owner_alive(owners.get(info.owner))) \
-                    and runner.agent_of(info.run_id) == agent.name:
+                    and self._agent_name(runner, info.run_id) == agent.name:
                 count += 1
         return count <= agent.max_running
 
@@ -233,6 +251,9 @@ class Worker:
             return False  # claimed by another worker first, or its owner came back
         except ConfigError as exc:
             print(f"boundloop worker: run {run_id}: {exc}", file=sys.stderr)
+            return False
+        except (JournalCorrupt, ReplayError) as exc:
+            self._damaged(run_id, exc)
             return False
         self._running[run_id] = future
         future.add_done_callback(lambda f: self._wake.set())
@@ -249,7 +270,7 @@ class Worker:
             infos = getattr(runner.journal, "infos", None)
             for info in infos() if infos is not None else []:
                 if info.status == "awaiting_approval" and info.run_id not in self._waiting \
-                        and runner.agent_of(info.run_id) in self.agents:
+                        and self._agent_name(runner, info.run_id) in self.agents:
                     self._note_waiting(runner, info.run_id)
         started = 0
         for run_id, due in sorted(self._waiting.items(), key=lambda kv: kv[1]):
@@ -258,7 +279,7 @@ class Worker:
             del self._waiting[run_id]
             if runner.state(run_id).status != "awaiting_approval":
                 continue  # decided meanwhile: queued again, or ended
-            agent = self.agents.get(runner.agent_of(run_id))
+            agent = self.agents.get(self._agent_name(runner, run_id) or "")
             if agent is not None and self._start(runner, agent, run_id):
                 started += 1
         return started

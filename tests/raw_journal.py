@@ -47,3 +47,21 @@ def event_pages(path: Path) -> int:
                                   + st["overflow_pages"]))
     finally:
         env.close()
+
+
+def flip_first_record_byte(path: Path, run_id: str) -> None:
+    """Damage the first record of ``run_id`` (one byte of its body flipped), as a bad disk
+    would; the journal must be closed."""
+    env = lmdb.open(str(path), max_dbs=8)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"events", txn=txn, create=False)
+            for key, value in txn.cursor(db):
+                if key.startswith(run_id.encode() + b"\x00"):
+                    body = bytearray(value)
+                    body[-1] ^= 0x01
+                    txn.put(key, bytes(body), db=db)
+                    return
+        raise AssertionError(f"no record of run {run_id!r}")
+    finally:
+        env.close()

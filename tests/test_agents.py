@@ -60,7 +60,7 @@ def test_an_agent_run_records_its_name_version_and_labels(
 
 
 @pytest.mark.parametrize("bad", [
-    {"name": ""}, {"name": 5}, {"model": "not callable"}, {"version": 1.5},
+    {"name": ""}, {"name": 5}, {"name": "a\nb"}, {"model": "not callable"}, {"version": 1.5},
     {"budget": {"max_model_steps": 3}}, {"max_running": 0}, {"max_queued": -1},
     {"permit": "yes"},
 ])
@@ -74,6 +74,7 @@ def test_a_bad_agent_is_refused_with_a_config_error(bad: dict[str, Any]) -> None
 
 @pytest.mark.parametrize("labels", [
     {"k": 1}, {1: "v"}, {"": "v"}, {"a=b": "v"}, "tenant=acme", {"k": "v" * 300},
+    {"k": "a\nFAKE-RUN final"}, {"k\x00": "v"}, {"k": "\u202eevil"},
     {f"k{i}": "v" for i in range(40)},
 ])
 def test_bad_labels_are_refused_before_anything_is_journaled(runner: bl.Runner,
@@ -232,3 +233,18 @@ def test_the_run_span_names_the_agent_and_carries_the_labels(journal_dir: Path) 
     assert span.attributes["gen_ai.agent.name"] == "refunds"
     assert span.attributes["gen_ai.agent.version"] == "7"
     assert span.attributes["boundloop.run.label.tenant"] == "acme"
+
+
+def test_following_an_existing_run_is_bounded_by_the_callers_deadline(
+        runner: bl.Runner) -> None:
+    nobody = bl.Agent("nobody", model=two_step())
+    runner.enqueue(nobody, prompt="x", run_id="wait")
+    caller = bl.Agent("other", model=two_step(), budget=bl.Budget(deadline_s=0.5))
+    t0 = time.monotonic()
+    with pytest.raises(bl.AdmissionError, match="deadline_s=0.5"):
+        runner.run(caller, run_id="wait")
+    assert time.monotonic() - t0 < 3
+    assert runner.state("wait").status == "queued"  # it goes on as it is
+    future = runner.submit(bl.Agent("other", model=two_step()), run_id="wait")
+    time.sleep(0.2)
+    assert future.cancel() or future.done()

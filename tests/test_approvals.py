@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -236,3 +237,114 @@ def test_the_cli_shows_approves_and_denies(journal_dir: Path) -> None:
         r.runner = runner
         final = runner.resume("cli", model, r.tools)
     assert final.status == "final" and r.ran == ["a"]
+
+
+# -- found by attack (each failed before its fix) -------------------------------------------
+def test_the_time_waited_counts_once(journal_dir: Path) -> None:
+    r = Refunds(journal_dir)
+    with bl.Runner(journal_dir) as runner:
+        r.runner = runner
+        model = script(bl.ToolCall("c1", "refund", {"order": "w"}))
+        runner.run(model, r.tools, "go", run_id="once", budget=bl.Budget(deadline_s=3.0))
+        time.sleep(1.2)
+        runner.approve("once", "once:1:0")
+        final = runner.resume("once", model, r.tools)
+    assert final.status == "final" and r.ran == ["w"]
+    assert 1.2 <= final.elapsed_s < 2.5
+
+
+def test_a_note_never_holds_a_secret_of_the_waiting_call(journal_dir: Path) -> None:
+    @bl.tool(needs_approval=True)
+    def login(user: str, password: str) -> str:
+        """Log in."""
+        return "in"
+
+    model = script(bl.ToolCall("c1", "login", {"user": "u", "password": "S3cr3t-Pa55"}))
+    with bl.Runner(journal_dir) as runner:
+        runner.run(model, [login], "go", run_id="s")
+    with bl.Runner(journal_dir) as other:  # another process's runner, in effect
+        other.deny("s", "s:1:0", note="wrong password S3cr3t-Pa55, use the vault")
+        final = other.resume("s", model, [login])
+        events = list(other.journal.events("s"))
+    assert final.status == "final"
+    assert "S3cr3t-Pa55" not in repr(events) and "S3cr3t-Pa55" not in repr(final.transcript)
+
+
+def test_prune_keeps_a_run_that_waits_for_a_person(journal_dir: Path) -> None:
+    r = Refunds(journal_dir)
+    with bl.Runner(journal_dir) as runner:
+        r.runner = runner
+        runner.run(script(bl.ToolCall("c1", "refund", {"order": "p"})), r.tools, "go",
+                   run_id="keep")
+    time.sleep(0.05)
+    done = subprocess.run([sys.executable, "-m", "boundloop", "prune", "--older-than", "0s",
+                           "--journal", str(journal_dir)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    with bl.Runner(journal_dir) as runner:
+        assert runner.state("keep").status == "awaiting_approval"
+        runner.approve("keep", "keep:1:0")
+
+
+def test_a_nested_run_cannot_wait_for_a_person(journal_dir: Path) -> None:
+    ran: list[str] = []
+
+    @bl.tool(needs_approval=True)
+    def pay(n: str) -> str:
+        """Pay."""
+        ran.append(n)
+        return "paid"
+
+    @bl.tool
+    def delegate(ctx: bl.ToolContext) -> str:
+        """Run a child that pays."""
+        child = ctx.run_child(script(bl.ToolCall("k1", "pay", {"n": "x"})), [pay], "pay x")
+        return f"{child.status}: {child.transcript[-2].status}"
+
+    with bl.Runner(journal_dir) as runner:
+        final = runner.run(script(bl.ToolCall("c1", "delegate", {})), [delegate], "go")
+    assert final.status == "final" and ran == []
+    assert final.transcript[2].content == "final: denied"
+
+
+def test_an_approved_call_that_cannot_be_sent_is_closed_and_the_run_goes_on(
+        journal_dir: Path) -> None:
+    ran: list[str] = []
+
+    @bl.tool(needs_approval=True)
+    def login(user: str, password: str) -> str:
+        """Log in."""
+        ran.append(user)
+        return "in"
+
+    model = script(bl.ToolCall("c1", "login", {"user": "u", "password": "pw-123456"}))
+    with bl.Runner(journal_dir) as runner:
+        runner.run(model, [login], "go", run_id="red")
+        runner.approve("red", "red:1:0")
+        final = runner.resume("red", model, [login])
+    assert final.status == "final" and ran == [] and final.unresolved == []
+    [result] = [m for m in final.transcript if m.kind == "tool_result"]
+    assert result.status == "error" and "approved, but not sent" in result.content
+    assert "redacted" in result.content
+
+
+def test_stats_counts_a_waiting_turn_as_no_finished_run(journal_dir: Path) -> None:
+    r = Refunds(journal_dir)
+    with bl.Runner(journal_dir) as runner:
+        r.runner = runner
+        model = script(bl.ToolCall("c1", "refund", {"order": "s"}))
+        runner.run(model, r.tools, "go", run_id="st")
+    out = CliRunner().invoke(cli, ["stats", "--journal", str(journal_dir), "--json"])
+    figures = json.loads(out.output)
+    assert (figures["runs"], figures["open_runs"], figures["awaiting_approval"]) == (0, 0, 1)
+
+
+def test_a_note_is_bounded(journal_dir: Path) -> None:
+    r = Refunds(journal_dir)
+    with bl.Runner(journal_dir) as runner:
+        r.runner = runner
+        runner.run(script(bl.ToolCall("c1", "refund", {"order": "n"})), r.tools, "go",
+                   run_id="n")
+        with pytest.raises(bl.ConfigError, match="4096"):
+            runner.deny("n", "n:1:0", note="x" * 5000)
+        assert runner.state("n").status == "awaiting_approval"

@@ -31,8 +31,11 @@ APP = textwrap.dedent('''
         return bl.Final("done")
 
     AGENTS = [bl.Agent("app", model=model, tools=[act])]
+    NAMES = "app"
     def make():
         return AGENTS
+    def broken():
+        raise RuntimeError("no agents today")
 ''')
 
 
@@ -77,11 +80,14 @@ def test_the_worker_command_serves_the_queue_and_exits_0_on_sigterm(tmp_path: Pa
 
 @pytest.mark.parametrize("target, words", [
     ("nocolon", "MODULE:AGENTS"), ("missing_mod:AGENTS", "cannot import"),
-    ("agents_app:NOPE", "has no 'NOPE'"),
+    ("agents_app:NOPE", "has no 'NOPE'"), ("os:path", "not a bl.Agent"),
+    ("agents_app:broken", "raised RuntimeError"), ("agents_app:NAMES", "not a bl.Agent"),
+    ("syntax_err:AGENTS", "SyntaxError"),
 ])
 def test_the_worker_command_refuses_bad_targets(tmp_path: Path, target: str,
                                                 words: str) -> None:
     (tmp_path / "agents_app.py").write_text(APP)
+    (tmp_path / "syntax_err.py").write_text("def (:\n")
     done = cli(tmp_path, "worker", target, "--journal", str(tmp_path / "j"))
     assert done.returncode == 2, done.stderr
     assert words in done.stderr and "Traceback" not in done.stderr
@@ -178,3 +184,25 @@ def test_max_running_holds_across_workers(journal_dir: Path) -> None:
     finished = {k: v for w in workers for k, v in w.finished.items()}
     assert finished == {f"c{i}": "final" for i in range(10)}
     assert 1 <= peak[0] <= 2, peak[0]
+
+
+def test_a_damaged_queued_run_does_not_keep_a_worker_from_the_others(journal_dir: Path) -> None:
+    from raw_journal import flip_first_record_byte
+
+    agent = bl.Agent("a", model=bl.ScriptedModel([bl.Final("x")] * 3))
+    with bl.Runner(journal_dir) as runner:
+        for run_id in ("a-bad", "b1", "b2"):
+            runner.enqueue(agent, prompt="go", run_id=run_id)
+    flip_first_record_byte(journal_dir, "a-bad")
+    worker = bl.Worker(journal_dir, [agent], poll_s=0.02)
+    thread = __import__("threading").Thread(target=worker.serve)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        while len(worker.finished) < 2 and time.monotonic() - t0 < 20:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(20)
+    assert worker.finished == {"b1": "final", "b2": "final"}
+    assert worker.damaged == {"a-bad"}

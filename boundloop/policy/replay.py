@@ -461,6 +461,8 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             rec.phase, rec.stage = "done", "closed"
             if outcome == "succeeded":
                 rec.status, rec.content = "ok", f"resolved by a person: {event.note}".strip()
+            elif outcome == "failed" and event.by == "boundloop":  # an approved call unsent
+                rec.status, rec.content = "error", event.note
             elif outcome == "failed":
                 rec.status, rec.content = "error", f"resolved by a person: {event.note}".strip()
             else:

@@ -437,7 +437,9 @@ class Projection:
         return run
 
     def _finished(self, run: _Run, e: ev.RunFinished) -> None:
-        rec = self.sink.record if self.sink is not None else None
+        # A turn that ends awaiting approval is no finished run: the run goes on later.
+        rec = self.sink.record if self.sink is not None \
+            and e.status != "awaiting_approval" else None
         status = (e.status,)
         if rec is not None:
             rec(n.RUNS, 1, status)
