@@ -25,6 +25,7 @@ import pytest
 
 import boundloop as bl
 from boundloop import events as ev
+from boundloop.journal import codec
 from boundloop.journal import lmdb as lmdb_journal
 
 FORK = multiprocessing.get_context("fork")
@@ -227,6 +228,39 @@ def test_a_child_forked_while_the_journal_is_busy_is_told_why_it_cannot_open_it(
         assert "'spawn'" in answer
         # The parent's journal was never let go of in the child: it serves on.
         assert runner.run(_model("ok"), _tools(), "go").status == "final"
+
+
+@pytest.mark.timeout(60)
+def test_a_child_forked_while_another_thread_holds_a_journal_lock_does_not_inherit_it(
+        tmp_path: Path) -> None:
+    """Locks another thread of the parent holds at the fork (the redaction key's, the
+    compression dictionary's) would stay locked for ever in the child: it starts with its
+    own, and opens and compresses a journal of its own."""
+    journal, _, _ = _paths(tmp_path)
+    held = [lmdb_journal.LmdbJournal._key_lock, codec._made_lock]
+    for lock in held:
+        lock.acquire()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: its exit status is the verdict
+            code = 1
+            try:
+                signal.alarm(30)  # never outlives the test, whatever it waits for
+                for lock in (lmdb_journal.LmdbJournal._key_lock, codec._made_lock):
+                    if not lock.acquire(timeout=2):
+                        code = 2
+                        raise SystemExit
+                    lock.release()
+                with bl.Runner(journal, compress=True) as runner:
+                    code = 0 if runner.run(_model("ok"), _tools(), "go").status == "final" \
+                        else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        for lock in held:
+            lock.release()
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 # -- the prefork drill ------------------------------------------------------------------------
