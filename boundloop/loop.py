@@ -421,7 +421,12 @@ class Driver:
                 else:
                     validated, also = self._redact(event.tool, event.validated)
                 event = replace(event, arguments=args, redacted=changed or also,
-                                validated=validated)
+                                validated=validated, tool=self._tool_name(event.tool))
+            case ev.CallFailed():
+                # An exception class's name is text its code chose (SPEC 9).
+                category = self.scrubber.text(event.error_category)
+                if category != event.error_category:
+                    event = replace(event, error_category=category)
             case ev.CallSucceeded() | ev.CallReconciled():
                 rec = self.state.calls[event.execution_id]
                 content, changed = self._redact(rec.tool, event.content)
@@ -430,6 +435,7 @@ class Driver:
             case ev.ModelStepCompleted(response=CallTools() as resp):
                 calls = [replace(c, arguments=self._redact(c.name, c.arguments)[0])
                          for c in resp.calls]
+                calls = [replace(c, name=self._tool_name(c.name)) for c in calls]
                 # Provider blocks (a server tool's input, say) hold credential keys too.
                 content = resp.content if resp.content is None else \
                     self.scrubber.redact(resp.content)[0]
@@ -454,9 +460,18 @@ class Driver:
             return KEPT_FIELDS | {"arguments", "validated"}
         return KEPT_FIELDS
 
+    def _tool_name(self, name: str) -> str:
+        """A called tool's name as the journal keeps it: one of the run's tools as it is (a
+        remembered value equal to it must not rename it), any other (an unknown tool the
+        model named) scrubbed as the text the model wrote that it is (SPEC 9)."""
+        if name in self.spec.tools or not isinstance(name, str):
+            return name
+        return self.scrubber.text(name)
+
     def _redact_message(self, m: Message) -> Message:
         if isinstance(m, CallMessage):
-            return msgspec.structs.replace(m, arguments=self._redact(m.name, m.arguments)[0])
+            return msgspec.structs.replace(m, arguments=self._redact(m.name, m.arguments)[0],
+                                           name=self._tool_name(m.name))
         if isinstance(m, ToolResultMessage | AssistantMessage) and m.content is not None:
             return msgspec.structs.replace(m, content=self.scrubber.redact(m.content)[0])
         return m

@@ -278,6 +278,8 @@ class Runner:
         self._queue_seen: tuple[float, dict[str, int]] | None = None
         self._lock = threading.Lock()
         self._closed = False
+        #: The process the runner serves in: its threads and journal do not cross fork().
+        self._pid = os.getpid()
         self._register()
         self._stop_renewing = threading.Event()
         self._renewer = threading.Thread(target=self._renew, name="boundloop-lease", daemon=True)
@@ -299,6 +301,20 @@ class Runner:
             SupervisorActor.start(self._journal, self._executor, self._budget, self._workers,
                                   self._finished, self.telemetry, shard)
             for shard in self._shards]
+
+    # -- the process --------------------------------------------------------------------
+    def _here(self) -> None:
+        """Refuse use from a child forked after this runner was made (a prefork server's
+        worker, a 'fork' multiprocessing pool): its actors and lease thread stayed in the
+        parent, so a run submitted here would wait forever (SPEC 1). Checked before any
+        lock is taken: a lock another thread held at the fork stays locked in the child."""
+        if os.getpid() != self._pid:
+            raise RunnerClosed(
+                f"this Runner was created in process {self._pid}, and this process "
+                f"({os.getpid()}) is a child forked from it: a Runner cannot be used across "
+                "fork() (its threads stayed in the parent). Open a Runner in the child on the "
+                "same journal, e.g. bl.Runner(path) in the pool's initializer or the "
+                "server's post-fork hook")
 
     # -- ownership ---------------------------------------------------------------------
     def _register(self) -> None:
@@ -379,7 +395,9 @@ class Runner:
         Raises:
             JournalCorrupt, ReplayError: an open run cannot be read (and ``damaged`` was not
                 given); nothing was claimed.
+            RunnerClosed: this process is a child forked after the runner was made.
         """
+        self._here()
         owners = self._journal.owners()
         # Every candidate is read before any is claimed: a run that cannot be read raises
         # here with nothing taken over (claimed runs the caller never hears of would be
@@ -447,6 +465,7 @@ class Runner:
                        loop: asyncio.AbstractEventLoop | None,
                        gate: Callable[[], bool] | None = None,
                        ) -> tuple[Future[RunResult], CancelToken]:
+        self._here()
         with self._lock:
             if run_id in self._tokens:
                 raise RecoveryError(f"run {run_id!r} is in flight on this runner")
@@ -503,6 +522,7 @@ class Runner:
         """
         if outcome not in ("succeeded", "failed", "abandoned"):
             raise ConfigError(f"outcome must be succeeded, failed or abandoned, not {outcome!r}")
+        self._here()
         with self._lock:
             if run_id in self._tokens:
                 raise RecoveryError(f"run {run_id!r} is in flight; cancel it first")
@@ -584,6 +604,8 @@ class Runner:
 
         Raises:
             ConfigError: an argument is invalid (nothing is journaled then).
+            RunnerClosed: the runner is closed, or this process is a child forked after the
+                runner was made (open a Runner in the child instead).
         """
         spec = self._spec(model, tools, prompt, history, budget, cancel, run_id, permit,
                           labels=labels)
@@ -781,6 +803,7 @@ class Runner:
 
     def _decide_approval(self, run_id: str, execution_id: str, approved: bool,
                          by: str | None, note: str) -> RunState:
+        self._here()
         if not isinstance(note, str) or (by is not None and not isinstance(by, str)):
             raise ConfigError("note and by must be strings")
         if len(note) > MAX_NOTE or (by is not None and len(by) > 256):
@@ -823,6 +846,7 @@ class Runner:
               history: Sequence[Any] | None, budget: Budget | None,
               cancel: CancelToken | None, run_id: str | None, permit: Permit | None,
               labels: dict[str, str] | None = None, **extra: Any) -> RunSpec:
+        self._here()
         if self._closed:
             raise RunnerClosed("this Runner is closed; create a new one")
         extra["labels"] = check_labels(labels)
@@ -888,6 +912,7 @@ class Runner:
                 self._scrubbers.popitem(last=False)
 
     def _start(self, spec: RunSpec, seq: int, resuming: bool = False) -> Future[RunResult]:
+        self._here()
         future: Future[RunResult] = Future()
         with self._lock:
             # Under the lock that close() takes: a run is either refused here or known to
@@ -996,6 +1021,7 @@ class Runner:
 
     def cancel(self, run_id: str, reason: str = "") -> bool:
         """Ask a run in flight to stop; False when it is not in flight here."""
+        self._here()
         with self._lock:
             token = self._tokens.get(run_id)
         if token is None:
@@ -1005,6 +1031,7 @@ class Runner:
 
     def state(self, run_id: str) -> RunState:
         """The run's state rebuilt from its journal (raises UnknownRun)."""
+        self._here()
         return self._load(run_id)[0]
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -1012,7 +1039,12 @@ class Runner:
         """Cancel runs in flight, wait up to ``timeout`` for them, stop the actors and
         close the journal (when the runner opened it). With ``drain`` (a worker shutting
         down), runs in flight are not cancelled but left open as they are, for another
-        runner to take over (their Futures get ``RunnerClosed``)."""
+        runner to take over (their Futures get ``RunnerClosed``). In a child forked after
+        the runner was made, it only marks the runner closed there: its runs, threads and
+        journal are the parent's."""
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return

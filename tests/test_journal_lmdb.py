@@ -12,6 +12,7 @@ from raw_journal import stored_bodies
 
 import boundloop as bl
 from boundloop.journal import LmdbJournal, codec
+from boundloop.journal import lmdb as lmdb_journal
 from boundloop.testing import JournalContract
 
 
@@ -150,3 +151,53 @@ def test_a_journal_used_after_fork_fails_closed_in_the_child(tmp_path: Path) -> 
     finally:
         journal.close()
 
+
+
+def _readers(journal: LmdbJournal) -> list[str]:
+    """This process's slots in the journal's reader table: a transaction id each, ``-`` for
+    a reader py-lmdb keeps for reuse."""
+    table = journal._env.readers().splitlines()[1:]  # type: ignore[attr-defined]
+    return [line.split()[2] for line in table if line.split()[0] == str(os.getpid())]
+
+
+def _reader_registered(journal: LmdbJournal) -> bool:
+    """Whether a read transaction begun now holds a slot in the reader table."""
+    txn = journal._env.begin()  # type: ignore[attr-defined]
+    try:
+        txn.get(b"x")
+        return any(t != "-" for t in _readers(journal))
+    finally:
+        txn.abort()
+
+
+def test_a_forked_child_opens_the_journal_afresh_and_leaves_the_parents_readers_alone(
+        tmp_path: Path) -> None:
+    journal = lmdb_journal.acquire(tmp_path / "j")
+    try:
+        journal.append("r1", 0, [admitted("r1")])
+        assert [s for s, _ in journal.read("r1")] == [1]
+
+        def open_in_child() -> int:
+            mine = lmdb_journal.acquire(tmp_path / "j")  # not the parent's
+            if mine is journal:
+                return 1
+            mine.append("child", 0, [admitted("child")])
+            mine.append("r1", 1, [step("r1", 1)])
+            lmdb_journal.release(mine)
+            return 0
+
+        for child in (lambda: 0, open_in_child):
+            with journal._env.begin() as txn:  # type: ignore[attr-defined]
+                txn.get(b"x")
+            assert _readers(journal) == ["-"]  # a reader py-lmdb keeps for reuse
+            assert _in_child(child) == 0
+            # The child let go of its copy of the environment without ending that reader:
+            # the parent's next snapshot holds a slot (without one, a writer could reuse
+            # the pages it reads).
+            assert _reader_registered(journal)
+        # The child's appends are in the parent's journal, which works on.
+        assert [s for s, _ in journal.read("r1")] == [1, 2]
+        assert journal.find("child") is not None
+        assert journal.append("r1", 2, [step("r1", 2)]) == 3
+    finally:
+        lmdb_journal.release(journal)

@@ -2,10 +2,11 @@
 
 First the pure parts: which keys name credentials (a test per word and per false positive),
 the credential-shaped patterns (a test per pattern), and the per-run ``Scrubber``. Then the
-sweep: real runs place secrets in every kind of text a run journals, and the raw journal
-bytes, ``export``, ``export --strip-content``, ``show --json`` and ``runs --json`` are
-searched for each clear secret. Last, a copied journal directory alone confirms none of the
-credentials it digested.
+sweep: real runs place secrets in every kind of text a run journals (and in names and keys:
+tool names, exception class names, result keys), and the raw journal bytes, the RunResults,
+the spans, ``export``, ``export --strip-content``, ``show``, ``show --json``, ``runs --json``
+and ``stats`` are searched for each clear secret. Last, a copied journal directory alone
+confirms none of the credentials it digested.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import boundloop as bl
 from boundloop import keys
@@ -186,6 +190,25 @@ def test_remembered_values_are_replaced_in_any_later_text() -> None:
     assert s.text("bob logged in") == "bob logged in"  # a non-credential value stays
 
 
+def test_dict_keys_are_scrubbed_as_text_once_the_run_remembers_a_value() -> None:
+    s = Scrubber(KEY)
+    result = {"KeyPw5529qz": "found", "id": 7, "nested": [{"KeyPw5529qz-old": 1}]}
+    assert s.value(result) == (result, False)  # nothing remembered: short keys are left
+    s.redact({"api_key": "KeyPw5529qz"})
+    out, changed = s.value(result)
+    assert changed and out == {dg("KeyPw5529qz"): "found", "id": 7,
+                               "nested": [{f"{dg('KeyPw5529qz')}-old": 1}]}
+    assert list(out) == [dg("KeyPw5529qz"), "id", "nested"]  # the order is kept
+    assert s.value(out) == (out, False)  # idempotent
+
+
+def test_a_credential_shaped_key_is_scrubbed_in_a_run_that_remembers_nothing() -> None:
+    token = "ghp_" + "K3yT0k3n" * 5
+    out, changed = Scrubber(KEY).value({token: "alice", "name": "ok"})
+    assert changed and token not in repr(out) and out["name"] == "ok"
+    assert list(out)[0].startswith(pr.PREFIX)
+
+
 def test_short_remembered_values_are_replaced_as_whole_words_only() -> None:
     s = Scrubber(KEY)
     s.remember("1234")
@@ -310,6 +333,10 @@ S = {
     "cookie": "CkVal-7281qz", "prompt_pw": "PromptPw-6620qz", "bearer2": "BrTok2.1188-hhJJ99",
     "jwt3": _jwt("CCC"), "sk_proj2": "sk-proj-" + "Pr0mptK3y" * 3,
     "basic": "c3dlZXA6YmFzaWNwdzEyMw==", "final_dsn": "FinDsn-5077qz",
+    # Names and keys (run sweep-f): values redacted first, then used as a tool's name, an
+    # exception class's name and a result's key; a credential-shaped tool name.
+    "name_pw": "NamePw4410qz", "cls_pw": "ClsPw7731qz", "key_pw": "KeyPw5529qz",
+    "ghp_name": "ghp_" + "N4m3dT00l" * 4,
 }
 #: Every placement tried: (where, the secret it puts there).
 PLACEMENTS = [
@@ -342,6 +369,10 @@ PLACEMENTS = [
     ("prompt: Bearer", "bearer2"), ("prompt: JWT", "jwt3"), ("prompt: PEM", "pem"),
     ("prompt: OpenAI key", "sk_proj2"), ("prompt: Basic", "basic"),
     ("final text repeats a history secret", "hist_key"), ("final text: DSN", "final_dsn"),
+    ("an unknown tool's name repeats a redacted pwd", "name_pw"),
+    ("an unknown tool's name: GitHub token", "ghp_name"),
+    ("an exception class's name repeats a redacted passcode", "cls_pw"),
+    ("a result's key repeats a redacted api_key", "key_pw"),
 ]
 
 
@@ -400,7 +431,15 @@ def _tools() -> list[bl.Tool]:
                           f"{S['bearer']}; Cookie: sid={S['cookie']}; theme=dark")
         return "stopping"
 
-    return [login, lookup, call_api, sign, fetch, notes, creds, deploy, stop]
+    @bl.tool
+    def boom() -> str:
+        raise type(S["cls_pw"], (RuntimeError,), {})("it broke")
+
+    @bl.tool
+    def keyed() -> dict[str, str]:
+        return {S["key_pw"]: "found", "name": "ok"}
+
+    return [login, lookup, call_api, sign, fetch, notes, creds, deploy, stop, boom, keyed]
 
 
 def _permit(call: bl.ToolCall, tool: bl.Tool, ctx: Any) -> Any:
@@ -443,6 +482,13 @@ def _runs(runner: bl.Runner) -> dict[str, bl.RunResult]:
     ])
     e = bl.ScriptedModel([bl.Final(f"done: {S['hist_key']} and "
                                    f"postgresql://u:{S['final_dsn']}@h/db")])
+    f = bl.ScriptedModel([
+        bl.CallTools([c("f1", "login", {"pwd": S["name_pw"], "passcode": S["cls_pw"],
+                                         "api_key": S["key_pw"]})]),
+        bl.CallTools([c("f2", S["name_pw"], {}), c("f3", S["ghp_name"], {}),
+                      c("f4", "boom", {}), c("f5", "keyed", {})]),
+        bl.Final("done"),
+    ])
     history = [{"kind": "call", "id": "h1", "name": "login",
                 "arguments": {"api_key": S["hist_key"]}},
                {"kind": "tool_result", "id": "h1", "status": "ok", "content": "ok"},
@@ -460,6 +506,7 @@ def _runs(runner: bl.Runner) -> dict[str, bl.RunResult]:
         "sweep-d": runner.run(model=d, tools=tools, prompt="go", run_id="sweep-d"),
         "sweep-e": runner.run(model=e, tools=tools, prompt=prompt, history=history,
                               run_id="sweep-e"),
+        "sweep-f": runner.run(model=f, tools=tools, prompt="go", run_id="sweep-f"),
     }
 
 
@@ -484,26 +531,34 @@ def swept(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     journal.mkdir()
     legacy = journal / keys.LEGACY_KEY_FILE  # as an older boundloop left it
     legacy.write_bytes(bytes(range(200, 232)))
-    with bl.Runner(journal) as runner:
+    exporter = InMemorySpanExporter()
+    tracer = TracerProvider()
+    tracer.add_span_processor(SimpleSpanProcessor(exporter))
+    telemetry = bl.Telemetry(tracer_provider=tracer)
+    with bl.Runner(journal, telemetry=telemetry) as runner:
         results = _runs(runner)
         key = runner.journal.secret_key
+    telemetry.flush()
+    spans = [(s.name, dict(s.attributes or {}), [(e.name, dict(e.attributes or {}))
+                                                  for e in s.events])
+             for s in exporter.get_finished_spans()]
     ids = list(results)
-    commands = [["runs", "--json"]]
+    commands = [["runs", "--json"], ["stats", "--json"], ["stats"]]
     for run_id in ids:
         commands += [["export", run_id], ["export", run_id, "--strip-content"],
-                     ["show", run_id, "--json"]]
+                     ["show", run_id, "--json"], ["show", run_id]]
     outputs = dict(zip([" ".join(c) for c in commands], _cli(journal, *commands),
                        strict=True))
     return {"journal": journal, "results": results, "key": key, "outputs": outputs,
-            "legacy": legacy}
+            "legacy": legacy, "spans": repr(spans)}
 
 
 def test_the_sweep_runs_end_as_planned(swept: dict[str, Any]) -> None:
-    assert len(PLACEMENTS) >= 44
+    assert len(PLACEMENTS) >= 48
     statuses = {k: r.status for k, r in swept["results"].items()}
     assert statuses == {"sweep-a": "final", "sweep-b": "model_error",
                         "sweep-c": "malformed_response", "sweep-d": "cancelled",
-                        "sweep-e": "final"}, {k: r.explanation for k, r in
+                        "sweep-e": "final", "sweep-f": "final"}, {k: r.explanation for k, r in
                                               swept["results"].items()}
     a = swept["results"]["sweep-a"]
     results = {m.id: m for m in a.transcript if m.kind == "tool_result"}
@@ -511,6 +566,10 @@ def test_the_sweep_runs_end_as_planned(swept: dict[str, Any]) -> None:
     assert results["a8"].status == "denied"
     assert "pin hmac-sha256:" in results["a8"].content  # the reason, scrubbed
     assert "Reason: operator revoked hmac-sha256:" in swept["results"]["sweep-d"].explanation
+    f = {m.id: m for m in swept["results"]["sweep-f"].transcript if m.kind == "tool_result"}
+    assert [f[i].status for i in ("f2", "f3", "f4", "f5")] == \
+        ["unknown_tool", "unknown_tool", "error", "ok"]
+    assert "spans" in swept and "execute_tool" in swept["spans"]
 
 
 @pytest.mark.parametrize("where, name", PLACEMENTS, ids=[p[0] for p in PLACEMENTS])
@@ -524,6 +583,7 @@ def test_no_secret_in_clear_anywhere(swept: dict[str, Any], where: str, name: st
         assert secret not in results, f"{where}: in a RunResult"
         for command, output in swept["outputs"].items():
             assert secret not in output, f"{where}: in `boundloop {command}`"
+        assert secret not in swept["spans"], f"{where}: in a span"
 
 
 def test_the_cli_outputs_are_real(swept: dict[str, Any]) -> None:

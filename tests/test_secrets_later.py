@@ -211,3 +211,53 @@ def test_a_resumed_scrubber_learns_a_secret_back_from_its_digest_in_any_word_for
     # Learned once, replaced everywhere after; other words are left as they were.
     assert scrubber.text(f"({token})") == f"({digest(KEY, token)})"
     assert scrubber.text("order 12345678 shipped") == "order 12345678 shipped"
+
+
+def test_scrubbed_names_and_keys_replay_to_the_result_and_a_resume_keeps_them_scrubbed(
+        tmp_path: Path) -> None:
+    """A tool name, an exception class's name and a result key holding a redacted value are
+    journaled scrubbed, the same in the RunResult and in ``replay`` of the journal, and they
+    stay scrubbed in the history a resume on a fresh runner hands the model."""
+    c = bl.ToolCall
+
+    @bl.tool()
+    def keyed() -> dict[str, int]:
+        return {TOKEN: 1, "n": 2}
+
+    @bl.tool()
+    def boom() -> str:
+        raise type("Err" + TOKEN.replace("-", ""), (RuntimeError,), {})("no")
+
+    @bl.tool(irreversible=True, timeout_s=0.2)
+    def transfer(amount: int) -> str:
+        time.sleep(1.0)
+        return "sent"
+
+    quiet = TOKEN.replace("-", "")
+    model = bl.ScriptedModel([
+        bl.CallTools([c("c1", "login", {"user": "bob", "password": TOKEN}),
+                      c("c1b", "login", {"user": "bob", "password": quiet})]),
+        bl.CallTools([c("c2", TOKEN, {}), c("c3", "keyed", {}), c("c4", "boom", {})]),
+        bl.CallTools([c("c5", "transfer", {"amount": 5})])])
+    everything = [*tools(TOKEN)[:1], keyed, boom, transfer]
+    with bl.Runner(tmp_path / "j", redaction_key=KEY) as runner:
+        result = runner.run(model=model, tools=everything, prompt="go", run_id="R")
+        assert result.status == "needs_review", result.explanation
+        replayed = bl.replay(runner.journal.events("R"))
+        assert msgspec.json.encode(replayed.transcript) == msgspec.json.encode(result.transcript)
+        assert [a.tool for a in result.completed][2] == bl.policy.redact.digest(KEY, TOKEN)
+        text = journal_text(runner) + msgspec.json.encode(result).decode()
+        assert TOKEN not in text and quiet not in text
+        unresolved = result.unresolved[0].execution_id
+    seen: list[str] = []
+
+    def look(history: list[bl.messages.Message], ctx: bl.ModelContext) -> bl.Final:
+        seen.append(msgspec.json.encode(history).decode())
+        return bl.Final("done")
+
+    with bl.Runner(tmp_path / "j", redaction_key=KEY) as fresh:
+        fresh.resolve("R", unresolved, "failed")
+        again = fresh.resume("R", model=look, tools=everything)
+        assert again.status == "final", again.explanation
+        assert seen and TOKEN not in seen[0] and quiet not in seen[0]
+        assert TOKEN not in journal_text(fresh) and quiet not in journal_text(fresh)

@@ -20,6 +20,7 @@ bench/run.py`` reports, ~1,300 instead of ~2,600), for ~5 µs of CPU per event p
 from __future__ import annotations
 
 import itertools
+import os
 import struct
 import threading
 from collections.abc import Sequence
@@ -62,6 +63,16 @@ _RAW = {1: _dictionary.V1}
 # (making them costs ~2 ms at import).
 _DICTIONARIES: dict[int, zstandard.ZstdCompressionDict] = {}
 _made_lock = threading.Lock()
+
+
+def _forked() -> None:
+    # A child forked while another thread of its parent made a dictionary would wait for
+    # ever on the lock that thread held: the child starts with its own (and makes its own).
+    global _made_lock
+    _made_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 _FORMATS = [f">{n}H" for n in range(256)]
 _HEADS = [bytes((MARK, DICTIONARY_ID, n)) for n in range(256)]
 # zstd contexts are not safe to share between threads: each thread makes its own.

@@ -554,6 +554,26 @@ class _Gate:
             if self._exclusive and self._shared == 0:
                 self._cond.notify_all()
 
+    def hold(self, until: float) -> bool:
+        """Hold the gate alone until ``let_go()``, waiting for its holders until ``until`` (a
+        ``time.monotonic()``); False, holding nothing, when they were not all out by then."""
+        with self._cond:
+            if self._cond.wait_for(lambda: not self._exclusive,
+                                   max(until - time.monotonic(), 0.0)):
+                self._exclusive = True
+                if self._cond.wait_for(lambda: self._shared == 0,
+                                       max(until - time.monotonic(), 0.0)):
+                    return True
+                self._exclusive = False
+                self._cond.notify_all()
+            return False
+
+    def let_go(self) -> None:
+        """Let go of what ``hold`` held."""
+        with self._cond:
+            self._exclusive = False
+            self._cond.notify_all()
+
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         with self._cond:
@@ -669,6 +689,13 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         self.pid = os.getpid()
         self._closed = False
         self._real = os.path.realpath(self.path)
+        if self._real in _stuck:
+            self._closed = True
+            raise JournalUnavailable(
+                f"this process was forked while the journal at {self.path} was busy in its "
+                f"parent (a transaction stayed open for {FORK_WAIT_S:g} s), so LMDB cannot "
+                "open it again here: start the process with the 'spawn' or 'forkserver' "
+                "method, or fork while the parent's journal is idle")
         with _opened_lock:
             other = _opened.get(self._real)
             if other is not None and not other.closed and other.pid == os.getpid():
@@ -770,8 +797,16 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         Raises:
             JournalCorrupt: a page is damaged.
         """
-        with self._env.begin():  # a reader: no writer reuses the pages walked meanwhile
-            check_pages(self.path / "data.mdb")
+        # Under the gate once the journal is open: a fork waits for the walk (_before_fork).
+        gate: _Gate | None = getattr(self, "_gate", None)
+        if gate is not None:
+            gate.enter_shared()
+        try:
+            with self._env.begin():  # a reader: no writer reuses the pages walked meanwhile
+                check_pages(self.path / "data.mdb")
+        finally:
+            if gate is not None:
+                gate.leave_shared()
 
     def _check_tables(self) -> None:
         """An existing journal's table names must be boundloop's: a damaged name would make
@@ -1007,12 +1042,18 @@ class LmdbJournal(keys.KeyedJournal, Journal):
         if self._closed:
             raise JournalUnavailable(f"the journal at {self.path} is closed; open it again")
         if os.getpid() != self.pid:
-            raise JournalUnavailable("this journal was opened before fork(), and LMDB cannot "
-                                     "be used or reopened across fork(): open the journal only "
-                                     "in the process that uses it (start children with "
-                                     "'spawn', or open it after forking)")
+            raise JournalUnavailable(
+                f"this journal was opened by process {self.pid}, the parent of this forked "
+                "process, and an LMDB journal cannot be used across fork(): open it again in "
+                "this process (bl.Runner(path), or boundloop.journal.lmdb.acquire(path))")
 
     def close(self) -> None:
+        if os.getpid() != self.pid:
+            # The parent's journal, in a forked child: its writer thread and its gate's
+            # holders stayed in the parent, and its environment is the parent's (``_forked``
+            # closed this copy, or leaves it): nothing here to wait for or to close.
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return
@@ -1609,24 +1650,96 @@ _opened: weakref.WeakValueDictionary[str, LmdbJournal] = weakref.WeakValueDictio
 _opened_lock = threading.Lock()
 
 
-def _forked() -> None:
-    """In a child made by fork() without exec: let go of every journal's lock.mdb descriptor
-    (and data.mdb's, which holds the in-use lock of ``_claim_data_file``).
-    It shares the parent's open file, and with it the parent's write lock and compaction
-    flock: a child that outlived a killed parent would hold them (LMDB's own locks are not
-    inherited). The child cannot use the journal anyway (``_usable``)."""
+#: How long fork() waits for the journals of the forking process to be idle (every
+#: transaction in flight ended: a commit waits at most ``LOCK_WAIT_S`` for the write lock).
+FORK_WAIT_S = LOCK_WAIT_S + 2.0
+#: The journals held idle across the fork in progress (``_before_fork``).
+_idle: list[LmdbJournal] = []
+#: The module's locks ``_before_fork`` took (given back on both sides of the fork).
+_taken: list[Any] = []
+#: Real paths of journals a forked child could not let go of (busy when it was forked).
+_stuck: set[str] = set()
+
+
+def _before_fork() -> None:
+    """Before fork() without exec: hold every journal of this process idle, so the child can
+    close its copy of each LMDB environment and open the journal afresh.
+
+    py-lmdb refuses a second environment on the same files while one is open in a process,
+    and closing the copy a child inherited ends every transaction it holds, clearing the
+    parent's reader slots in the shared lock file (the parent's snapshots would lose their
+    protection from writers): measured with py-lmdb 3.0. So no transaction may be open, nor
+    cached (py-lmdb keeps a finished read transaction for reuse; resetting the map size
+    drops it), when the process forks. Each gate is held until the fork is done; a journal
+    still busy after ``FORK_WAIT_S`` is not held, and the child cannot open it again."""
+    until = time.monotonic() + FORK_WAIT_S
+    # No journal half opened by ``acquire`` (its environment open, its gate not made yet).
+    if _shared_lock.acquire(timeout=max(until - time.monotonic(), 0.0)):
+        _taken.append(_shared_lock)
+    pid = os.getpid()
     for journal in list(_opened.values()):
+        gate = getattr(journal, "_gate", None)
+        if gate is None or journal.closed or journal.pid != pid or not gate.hold(until):
+            continue
+        try:
+            journal._env.set_mapsize(0)  # drops py-lmdb's cached read transaction
+        except lmdb.Error:
+            gate.let_go()
+            continue
+        _idle.append(journal)
+    if _opened_lock.acquire(timeout=max(until - time.monotonic(), 0.1)):
+        _taken.append(_opened_lock)
+
+
+def _forked_parent() -> None:
+    """After fork(), in the parent: the journals serve again."""
+    for journal in _idle:
+        journal._gate.let_go()
+    _idle.clear()
+    while _taken:
+        _taken.pop().release()
+
+
+def _forked() -> None:
+    """In a child made by fork() without exec: let go of every journal the parent had open,
+    so the child may open its own (``acquire``, a Runner); the parent's stay unusable here
+    (``_usable``).
+
+    Each journal's lock.mdb descriptor is closed: it shares the parent's open file, and with
+    it the parent's write lock and compaction flock, which a child that outlived a killed
+    parent would hold (LMDB's own locks are not inherited). The copy of each environment
+    held idle by ``_before_fork`` is closed (no transaction of it is open, so this leaves
+    the parent's reader slots alone); one that was busy stays open, and opening its journal
+    here is refused (``_stuck``)."""
+    idle = {id(j) for j in _idle}
+    for journal in list(_opened.values()):
+        # data.mdb's descriptor holds the in-use lock of ``_claim_data_file``: let it go too.
         for name in ("_lock_fd", "_data_fd"):
             fd = getattr(journal, name, -1)
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
                 setattr(journal, name, -1)
+        if id(journal) in idle:
+            with contextlib.suppress(lmdb.Error):
+                journal._env.close()
+        elif not journal.closed:
+            _stuck.add(journal._real)
+    _idle.clear()
+    _opened.clear()
+    _shared.clear()
+    while _taken:
+        _taken.pop().release()
+    # Locks another thread of the parent may have held at the fork (no thread of the child
+    # holds them): the child starts with its own.
+    LmdbJournal._key_lock = threading.Lock()
 
 
-os.register_at_fork(after_in_child=_forked)
 _shared: dict[str, list[Any]] = {}
 _shared_lock = threading.Lock()
+
+os.register_at_fork(before=_before_fork, after_in_parent=_forked_parent,
+                    after_in_child=_forked)
 
 
 def acquire(path: str | os.PathLike[str], *, sync: bool = True,
