@@ -89,7 +89,9 @@ async def mcp_tools(session: Any, *, names: Iterable[str] | None = None, prefix:
         names: keep only these tools (by the server's names); None keeps all.
         prefix: prepended to each name the model sees (``"github_"``), to keep the tools of
             several servers apart; the server is still called by its own name.
-        timeout_s, retry, sensitive: for every tool, as in :class:`boundloop.Tool`.
+        timeout_s: for every tool, as in :class:`boundloop.Tool`.
+        retry: for every tool, as in :class:`boundloop.Tool`.
+        sensitive: for every tool, as in :class:`boundloop.Tool`.
         trust_annotations: honour the server's annotations (see above).
         overrides: per tool (by the server's name), ``Tool.from_schema`` options that
             replace what the annotations and the arguments above say: ``read_only``,

@@ -173,7 +173,8 @@ class Runner:
         read_only: deny every tool not marked ``read_only`` (a safe first rollout).
         max_in_flight: runs in flight at once; more are ``rejected``.
         supervisors: supervisor actors (runs are sharded across them by id).
-        model_threads, tool_threads: sizes of the thread pools for sync models and tools.
+        model_threads: size of the thread pool for sync models.
+        tool_threads: size of the thread pool for sync tools.
         estimator: ``(history, model) -> Usage | int``, the reservation made before each
             step (an int is input tokens; default: ceil(history JSON bytes / 4) input
             tokens plus the model's ``max_output_tokens``).
