@@ -172,6 +172,7 @@ def test_block_runs(block: Block, tmp_path: Path) -> None:
         })
         timeout = float(block.options.get("timeout") or DEFAULT_TIMEOUT_S)
         proc = subprocess.Popen([sys.executable, script.name], cwd=tmp_path, env=env,
+                                stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             if "sigterm" in block.options:
