@@ -14,8 +14,9 @@ An HTML comment on the line just before a block's fence says how to run it:
 - ``<!-- test: sigterm=N -->``: a program that serves until SIGTERM: it gets SIGTERM after
   N seconds and must then exit 0.
 - ``<!-- test: timeout=N -->``: a bound other than the default 60 s.
-- ``<!-- test: postgres -->``: needs a PostgreSQL server: run against the suite's own
-  (tests/pg_server.py), with ``$BOUNDLOOP_DOCS_PG`` holding its URL; skipped without one.
+- ``<!-- test: postgres -->``: needs PostgreSQL: the block gets a fresh database on the
+  suite's own server (tests/pg_server.py, the ``pg`` fixture), its URL in
+  ``$BOUNDLOOP_JOURNAL``; skipped, as the suite's other PostgreSQL tests are, without one.
 
 Options combine: ``<!-- test: file=app.py, sigterm=3 -->``.
 """
@@ -30,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -146,16 +148,14 @@ def _answer(request: Recorded) -> tuple[int, dict[str, str], object]:
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in ALL])
-def test_block_runs(block: Block, tmp_path: Path) -> None:
+def test_block_runs(block: Block, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     if "skip" in block.options:
         pytest.skip("a fragment (marked <!-- test: skip -->)")
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("BOUNDLOOP_", "ANTHROPIC_", "OPENAI_", "OTEL_"))}
     if "postgres" in block.options:
-        url = os.environ.get("BOUNDLOOP_DOCS_PG")
-        if not url:
-            pytest.skip("needs a PostgreSQL server: set $BOUNDLOOP_DOCS_PG to its URL")
-        env["BOUNDLOOP_DOCS_PG"] = url
+        pg = request.getfixturevalue("pg")
+        env["BOUNDLOOP_JOURNAL"] = pg.create_database(f"docs_{uuid.uuid4().hex[:12]}")
     for name, source in block.files.items():
         (tmp_path / name).write_text(source, encoding="utf-8")
     script = tmp_path / block.options.get("file", "block.py")
