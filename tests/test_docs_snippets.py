@@ -194,3 +194,20 @@ def test_fake_answers_are_json() -> None:
     for path in ("/v1/messages", "/v1/chat/completions", "/v1/responses"):
         status, _, body = _answer(Recorded("POST", path, {}, b"", {"model": "m"}, 0.0))
         assert status == 200 and json.dumps(body)
+
+
+def test_readme_set_up_commands_are_what_ci_runs() -> None:
+    """README's first code block is the two set-up commands, the second one verbatim what
+    .ci/run runs; the README stays a short first read (the rest is in docs/)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first = re.search(r"```(\w*)\n(.*?)```", readme, re.S)
+    assert first is not None and first[1] == "sh"
+    commands = first[2].strip().splitlines()
+    assert commands[0] == "pip install . && boundloop demo"
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert commands == [commands[0], ci]
+    assert "mkdocs build --strict" in ci
+    assert len(readme.splitlines()) <= 210
+    assert "SPEC" not in readme
+    for page in (ROOT / "docs").rglob("*.md"):
+        assert "SPEC" not in page.read_text(encoding="utf-8"), page
