@@ -183,7 +183,8 @@ class Runner:
         compress: store the journal's events compressed (ignored when a Journal is given):
             about half the pages per round; the journal becomes record format 3, which
             versions of boundloop without ``compress`` refuse, and its files no longer hold
-            each event's msgpack bytes as they are (see the README's "Journal size").
+            each event's msgpack bytes as they are (see the documentation's design record,
+            "Integrity and secrets", "Journal size").
         clock: the clock (a FakeClock in tests of time).
         lease_s: how long this runner's ownership of its runs lasts without renewal.
         telemetry: spans and metrics of SPEC 11 through the OpenTelemetry API (default: a
@@ -194,7 +195,8 @@ class Runner:
             (SPEC 8). Also the most event-loop threads for the ``async def`` callables of
             runs started with ``run``/``submit``: a loop per run up to
             ``workers.LOOP_THREADS`` (16), more only while every loop is held by a
-            coroutine of an ended run that blocks (see the README's "Threads").
+            coroutine of an ended run that blocks (see the documentation's design record,
+            "Architecture", "Threads").
         redaction_key: the key redacted values are digested under (SPEC 9): its bytes, or
             the path of a file holding them (at least 32 bytes, not all zero; never inside
             the journal directory). Default: ``$BOUNDLOOP_REDACTION_KEY_FILE``, else the

@@ -207,7 +207,7 @@ CLIENT_DURATION = Metric(
     "boundloop_gen_ai_client_operation_duration_seconds",
     ("operation", "provider", "model", "error_type"), OPERATION_BUCKETS)
 
-#: Every metric, in the order the README documents them.
+#: Every metric, in the order the documentation (the telemetry guide) lists them.
 METRICS: tuple[Metric, ...] = (RUNS, RUNS_UNRECORDED, LIMIT_HITS, OUTCOME_UNKNOWN, RETRIES,
                                RECONCILIATIONS, REVIEWS, TOKENS, RUN_COST, RUN_DURATION,
                                MODEL_LATENCY, TOOL_LATENCY, COMMIT_LATENCY, COMMIT_BATCH,
@@ -216,7 +216,7 @@ METRICS: tuple[Metric, ...] = (RUNS, RUNS_UNRECORDED, LIMIT_HITS, OUTCOME_UNKNOW
 
 def metrics_table() -> str:
     """The metrics as a Markdown table (name, kind, unit, attributes, Prometheus form), for
-    the README."""
+    the documentation's telemetry guide."""
     rows = ["| name | kind | unit | attributes | Prometheus |", "|---|---|---|---|---|"]
     for m in METRICS:
         prom = m.prom_name + ("_total" if m.kind == "counter" else "")

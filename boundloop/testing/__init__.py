@@ -3,7 +3,8 @@
 - ``FaultyJournal``: a journal wrapper that fails (or kills the process) at a chosen append.
 - ``JournalContract``: the journal contract suite, for pytest: subclass it and implement
   ``make_store(path)`` to prove a journal backend keeps boundloop's contract (see the
-  README, "Writing a journal backend"). It needs pytest, so it is imported on first use.
+  guide "Writing a journal backend" in the documentation). It needs pytest, so it is
+  imported on first use.
 
 (``ScriptedModel`` and ``FakeClock`` are exported from ``boundloop`` itself.)
 """
