@@ -645,7 +645,9 @@ _RUN_COLS = (Col("run id"), Col("status"), Col("limit", shrink=8, drop=3),
 @click.argument("run_id")
 def show(journal: str | None, as_json: bool, run_id: str) -> None:
     """Show a run's timeline: what it did, and why it stopped; then its child runs and its
-    completed and unresolved actions."""
+    completed and unresolved actions. RUN_ID may be a unique prefix of the id. Events are
+    named by their class (CallDecided), as `boundloop export` names them; costs are plain
+    decimals ($0.000033); a running run's elapsed is its age."""
     from boundloop.inspection import open_journal, run_timeline
 
     with open_journal(journal_dir(journal), readonly=True) as j:
@@ -675,9 +677,12 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     status = tl.status if tl.finished else f"{tl.status} ({_open_note(tl.status)})"
     out.line(f"status: {status}{limit}")
     out.line(f"explanation: {tl.explanation or '-'}")
+    elapsed = tl.elapsed_s
+    if tl.status == "running" and tl.started_ts:  # in flight: its age
+        elapsed = max(time.time() - tl.started_ts, elapsed)
     out.line(f"model steps: {tl.model_steps}/{b.max_model_steps}, tool calls: "
              f"{tl.tool_calls}/{b.max_tool_calls}, usage: {_tokens(tl.usage)}, "
-             f"elapsed: {_secs(tl.elapsed_s)}")
+             f"elapsed: {_secs(elapsed)}")
     if tl.agent:
         out.line(f"agent: {tl.agent}" + (f" (version {tl.agent_version})"
                                          if tl.agent_version else ""))
@@ -748,7 +753,8 @@ def _override_options(fn: F) -> F:
 @_override_options
 def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: str | None,
            do_check: bool, **limits: Any) -> None:
-    """Rebuild a run's state from its events and check it against how the run finished."""
+    """Rebuild a run's state from its events and check it against how the run finished.
+    RUN_ID may be a unique prefix of the id."""
     import msgspec
 
     from boundloop.inspection import (
@@ -969,7 +975,8 @@ def _mb(size: int) -> str:
               metavar="FILE", help="Write to FILE instead of standard output.")
 def export(journal: str | None, run_id: str, strip_content: bool, output: str | None) -> None:
     """Print a run's events as JSON lines, redacted, to attach to a bug report
-    (`boundloop replay --events FILE` reads them back)."""
+    (`boundloop replay --events FILE` reads them back). RUN_ID may be a unique prefix of the
+    id. Each line's "type" is the event's class name (CallDecided), as `show` names it."""
     from boundloop.inspection import export_lines, open_journal, read_events, resolve_run_id
 
     with open_journal(journal_dir(journal), readonly=True) as j:
@@ -1123,8 +1130,9 @@ def _recover_report(found: list[Any], claim: bool, as_json: bool, left_out: bool
 def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: str | None,
             outcome: str | None, note: str, by: str | None, force: bool) -> None:
     """Record a person's decision on an unresolved action of RUN_ID: OUTCOME (or --outcome)
-    is succeeded, failed or abandoned. A run that a live runner still drives is refused
-    unless --force."""
+    is succeeded, failed or abandoned. RUN_ID and EXECUTION_ID may be unique prefixes
+    (`boundloop recover` lists them, with each action's arguments). A run that a live
+    runner still drives is refused unless --force."""
     if outcome_arg and outcome and outcome_arg != outcome:
         raise click.UsageError(f"two outcomes given: {outcome_arg} and --outcome {outcome}")
     outcome = outcome or outcome_arg
@@ -1174,7 +1182,8 @@ _NOTE = click.option("--note", default="", help="Why (kept in the journal).")
 def approve(journal: str | None, run_id: str, execution_id: str, by: str | None,
             note: str) -> None:
     """Approve a call of RUN_ID that waits for a person (`boundloop show RUN_ID` lists
-    them): a worker then dispatches it. A call that does not wait is refused."""
+    them): a worker then dispatches it. A call that does not wait is refused. RUN_ID and
+    EXECUTION_ID may be unique prefixes."""
     _decide(journal, run_id, execution_id, True, by, note)
 
 
@@ -1187,7 +1196,8 @@ def approve(journal: str | None, run_id: str, execution_id: str, by: str | None,
 def deny(journal: str | None, run_id: str, execution_id: str, by: str | None,
          note: str) -> None:
     """Deny a call of RUN_ID that waits for a person: it is recorded denied, never runs,
-    and the model sees it when a worker continues the run."""
+    and the model sees it when a worker continues the run. RUN_ID and EXECUTION_ID may be
+    unique prefixes."""
     _decide(journal, run_id, execution_id, False, by, note)
 
 

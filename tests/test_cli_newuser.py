@@ -168,8 +168,11 @@ def test_a_running_run_shows_its_age(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, done
             time.sleep(0.1)
         time.sleep(2.2)
-        listed, table = many(["runs", "--journal", str(j), "--json"],
-                             ["runs", "--journal", str(j)])
+        listed, table, shown = many(["runs", "--journal", str(j), "--json"],
+                                    ["runs", "--journal", str(j)],
+                                    ["show", "live", "--journal", str(j)])
+        age = re.search(r"elapsed: ([0-9.]+)s$", shown.out, re.M)
+        assert age and float(age.group(1)) >= 2.0, shown
         [run] = listed.json()
         assert run["status"] == "running" and run["elapsed_s"] >= 2.0, run
         row = table.out.splitlines()[2].split()
