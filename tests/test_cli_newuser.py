@@ -258,6 +258,15 @@ def test_small_commands_start_quickly() -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc
+    listing = subprocess.run([sys.executable, "-X", "importtime", "-m", "boundloop", "runs",
+                              "--journal", str(ROOT / "no-such-journal")],
+                             capture_output=True, text=True, timeout=60)
+    loaded = {line.split("|")[-1].strip() for line in listing.stderr.splitlines()
+              if line.startswith("import time:")}
+    assert listing.returncode == 4 and "boundloop.inspection" in loaded, listing.stderr[-2000:]
+    for heavy in ("boundloop.runner", "boundloop.mcp", "asyncio", "opentelemetry", "psycopg",
+                  "boundloop.telemetry"):
+        assert heavy not in loaded, heavy
     version = subprocess.run([sys.executable, "-X", "importtime", "-m", "boundloop",
                               "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0, version
