@@ -667,7 +667,7 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
                      r.detail, after))
     out = _Out()
     out.table([Col("seq", right=True), Col("time", drop=5), Col("step", drop=6, right=True),
-               Col("event", shrink=14), Col("call", shrink=8),
+               Col("event"), Col("call", shrink=8, wrap=True),
                Col("outcome", shrink=8), Col("latency", drop=5, right=True),
                Col("detail", shrink=8, drop=2, wrap=True), Col("budget after", drop=7)],
               rows, title=f"run {tl.run_id}",
@@ -703,14 +703,14 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     else:
         out.line("child runs: none")
     if tl.completed:
-        out.table([Col("call", shrink=8), Col("tool", shrink=8), Col("result", shrink=8),
+        out.table([Col("call", shrink=8, wrap=True), Col("tool", shrink=8), Col("result", shrink=8),
                    Col("attempts", right=True, drop=1)],
                   [(c.call_id, c.tool, c.status, c.attempts) for c in tl.completed],
                   title="completed actions")
     else:
         out.line("completed actions: none")
     if tl.unresolved:
-        out.table([Col("call", shrink=6), Col("tool", shrink=8), Col("execution id"),
+        out.table([Col("call", shrink=6, wrap=True), Col("tool", shrink=8), Col("execution id"),
                    Col("attempt", right=True, drop=2), Col("phase", drop=1)],
                   [(u.call_id, u.tool, u.execution_id, u.attempt,
                     u.phase + (" (abandoned)" if u.abandoned else "")) for u in tl.unresolved],
@@ -1099,7 +1099,7 @@ def _recover_report(found: list[Any], claim: bool, as_json: bool, left_out: bool
                  f"{_plural(len(r.unresolved), 'unresolved action')}")
         if not r.unresolved:
             continue
-        out.table([Col("execution id"), Col("call", shrink=6, drop=4),
+        out.table([Col("execution id"), Col("call", shrink=6, drop=4, wrap=True),
                    Col("tool", shrink=8, drop=3), Col("phase", drop=5),
                    Col("attempt", drop=6, right=True),
                    Col("arguments (redacted)", shrink=12, wrap=True)],

@@ -81,6 +81,8 @@ def test_ids_are_never_cut(journal: dict[str, Any]) -> None:
         for done in (recover, show):
             assert re.search(rf"(^|\s){re.escape(eid)}(\s|$)", done.out, re.M), done
         assert f"run {crashed}" in recover.out
+        # Call ids and event names wrap or stay whole, never cut with "…".
+        assert "ModelStepCompleted" in show.out and not re.search(r"toolu\S*…", show.out)
     for columns in (60, 200):
         for args in (["recover", "--journal", j], ["runs", "--journal", j],
                      ["show", crashed, "--journal", j]):
