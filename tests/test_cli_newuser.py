@@ -273,3 +273,27 @@ def test_small_commands_start_quickly() -> None:
                               "--version"], capture_output=True, text=True, timeout=60)
     assert version.returncode == 0, version
     assert "boundloop.runner" not in version.stderr and "rich" not in version.stderr
+
+
+@bl.tool(read_only=True)
+def echo(n: int) -> str:
+    """Returns n."""
+    return str(n)
+
+
+def test_execution_id_prefixes(tmp_path: Path) -> None:
+    from boundloop.errors import AmbiguousId
+    from boundloop.inspection import open_journal, resolve_execution_id, resolve_run_id
+
+    calls = [bl.ToolCall(f"c{i}", "echo", {"n": i}) for i in range(11)]
+    with bl.Runner(tmp_path / "j") as runner:
+        runner.run(model=bl.ScriptedModel([bl.CallTools(calls), bl.Final("ok")]),
+                   tools=[echo], prompt="p", run_id="many-calls")
+    with open_journal(tmp_path / "j", readonly=True) as j:
+        assert resolve_run_id(j, "many") == "many-calls"
+        assert resolve_execution_id(j, "many-calls", "many-calls:1:1") == "many-calls:1:1"
+        assert resolve_execution_id(j, "many-calls", "many-calls:1:10") == "many-calls:1:10"
+        assert resolve_execution_id(j, "many-calls", "many-calls:1:9") == "many-calls:1:9"
+        with pytest.raises(AmbiguousId, match=r"11 execution ids begin with it .* and 7 more"):
+            resolve_execution_id(j, "many-calls", "many-calls:1:")
+        assert resolve_execution_id(j, "many-calls", "nope") == "nope"  # the caller says
