@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn, TypeVar
 
 import click
-import msgspec
 
+from boundloop._text import money
+from boundloop._version import __version__
 from boundloop.errors import BoundloopError, JournalError, JournalUnavailable, UnknownRun
-from boundloop.policy.replay import ReplayError
 
 EXIT_OK = 0
 #: ``replay`` found the fold disagreeing with RunFinished, or ``--check`` found a divergence.
@@ -103,6 +103,8 @@ DURATION = Duration()
 
 # -- output helpers ------------------------------------------------------------------------
 def _echo_json(value: Any) -> None:
+    import msgspec
+
     click.echo(json.dumps(msgspec.to_builtins(value), indent=2, ensure_ascii=False))
 
 
@@ -235,7 +237,7 @@ class _Out:
 
         for part in textwrap.wrap(text, self.width, subsequent_indent="  ",
                                   break_on_hyphens=False) or [""]:
-            click.echo(_clip(part, self.width).rstrip())
+            click.echo(part.rstrip())  # only a word wider than the line is split, not cut
 
     def table(self, cols: Sequence[Col], rows: Sequence[Sequence[Any]], *,
               title: str | None = None, caption: str | None = None,
@@ -246,6 +248,14 @@ class _Out:
         shown, widths = _fit(cols, cells, self.width)
         if title:
             self.line(title, style="bold")
+        if self.width is not None and \
+                sum(widths) + _GAP * (len(shown) - 1) > self.width:
+            # The columns that are never cut (ids) do not fit side by side: a record per
+            # row instead, each value on its own line, none cut.
+            self._records(cols, cells)
+            if caption:
+                self.line(caption, style="dim")
+            return
         if self.rich:
             self._emit(self._rich_table(cols, cells, shown, widths))
         else:
@@ -269,6 +279,14 @@ class _Out:
                       style="dim")
         if caption and caption_of not in hidden:
             self.line(caption, style="dim")
+
+    def _records(self, cols: Sequence[Col], cells: Sequence[Sequence[str]]) -> None:
+        for n, row in enumerate(cells):
+            if n:
+                self.line()
+            self.line(f"{cols[0].header}: {row[0]}", style="bold")
+            for c, value in zip(cols[1:], row[1:], strict=True):
+                self.line(f"  {c.header}: {value}")
 
     @staticmethod
     def _rich_table(cols: Sequence[Col], cells: Sequence[Sequence[str]], shown: list[int],
@@ -367,16 +385,22 @@ def _secs(value: float | None) -> str:
 
 def _tokens(usage: Any) -> str:
     text = f"{usage.total_tokens} tok"
-    return text if usage.cost is None else f"{text}, cost {usage.cost:.4g}"
+    return text if usage.cost is None else f"{text}, cost {money(usage.cost)}"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
+@click.version_option(__version__, "-V", "--version", prog_name="boundloop",
+                      message="%(prog)s %(version)s")
 @click.option("--journal", "journal", default=None, metavar="DIR",
               help="Journal directory for every command (default: $BOUNDLOOP_JOURNAL or "
                    "./.boundloop); a command's own --journal wins.")
 @click.pass_context
 def cli(ctx: click.Context, journal: str | None) -> None:
-    """boundloop: LLM tool loops under hard budgets, on a durable event journal."""
+    """boundloop: LLM tool loops under hard budgets, on a durable event journal.
+
+    A RUN_ID or EXECUTION_ID may be shortened to a unique prefix of it (an exact id always
+    wins; a prefix several ids begin is refused, naming a few). Ids are never cut in a
+    listing: at a narrow width other columns give way, or each row becomes a record."""
     ctx.obj = {"journal": journal}
 
 
@@ -487,7 +511,11 @@ def _plural(n: int, what: str) -> str:
 def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: tuple[str, ...],
          since: float | None, older_than: float | None, last: int | None, every: bool,
          tree: bool, labels: tuple[str, ...]) -> None:
-    """List runs, newest first: the newest 50 unless -n N or --all."""
+    """List runs, newest first: the newest 50 unless -n N or --all.
+
+    Ids are never cut: at a narrow width other columns are cut or hidden first (--json has
+    them all). "took" is the run's time; for a running run, its age (now minus its start).
+    Costs are plain decimals ($0.000033)."""
     from boundloop.inspection import DAMAGED, LIMITS, STATUSES, find_runs, open_journal
 
     wanted: dict[str, str] = {}
@@ -549,15 +577,18 @@ def _runs_text(found: Any, statuses: Sequence[str], limits: Sequence[str],
     else:
         title = _plural(len(found.runs), "run")
     title += ", newest first" + (", child runs under their parents" if tree else "")
+    costs = any(r.usage.cost is not None for r in found.runs)
     rows = [(("  " * r.depth + "↳ " if r.depth else "") + r.run_id, r.status,
              r.exhausted_limit, r.model_steps, r.tool_calls, r.unresolved or "",
              _agent_cell(r), r.parent_run_id, _when(r.created_ts), _secs(r.elapsed_s))
+            + ((None if r.usage.cost is None else money(r.usage.cost),) if costs else ())
             for r in found.runs]
     out.table([Col("run id"), Col("status"), Col("limit", shrink=8, drop=3),
                Col("steps", drop=6, right=True), Col("calls", drop=5, right=True),
                Col("unresolved", drop=2, right=True), Col("agent", shrink=8, drop=3),
-               Col("parent", shrink=10, drop=4),
-               Col("started", drop=8), Col("took", drop=7, right=True)], rows,
+               Col("parent", drop=4),
+               Col("started", drop=8), Col("took", drop=7, right=True)]
+              + ([Col("cost", drop=9, right=True)] if costs else []), rows,
               title=title, caption=f"({more})" if more else None)
     waiting = sorted({r.agent for r in found.runs
                       if r.status in ("queued", "interrupted") and r.agent})
@@ -614,7 +645,9 @@ _RUN_COLS = (Col("run id"), Col("status"), Col("limit", shrink=8, drop=3),
 @click.argument("run_id")
 def show(journal: str | None, as_json: bool, run_id: str) -> None:
     """Show a run's timeline: what it did, and why it stopped; then its child runs and its
-    completed and unresolved actions."""
+    completed and unresolved actions. RUN_ID may be a unique prefix of the id. Events are
+    named by their class (CallDecided), as `boundloop export` names them; costs are plain
+    decimals ($0.000033); a running run's elapsed is its age."""
     from boundloop.inspection import open_journal, run_timeline
 
     with open_journal(journal_dir(journal), readonly=True) as j:
@@ -625,7 +658,7 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     b = tl.budget
     rows = []
     for r in tl.rows:
-        cost = "" if r.usage.cost is None else f" ${r.usage.cost:.4g}"
+        cost = "" if r.usage.cost is None else f" {money(r.usage.cost)}"
         after = f"{r.model_steps}/{b.max_model_steps} {r.tool_calls}/{b.max_tool_calls} " \
                 f"{r.usage.total_tokens}{cost}"
         call = " ".join(x for x in (r.call_id, r.tool) if x)
@@ -634,7 +667,7 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
                      r.detail, after))
     out = _Out()
     out.table([Col("seq", right=True), Col("time", drop=5), Col("step", drop=6, right=True),
-               Col("event", shrink=14), Col("call", shrink=8),
+               Col("event"), Col("call", shrink=8, wrap=True),
                Col("outcome", shrink=8), Col("latency", drop=5, right=True),
                Col("detail", shrink=8, drop=2, wrap=True), Col("budget after", drop=7)],
               rows, title=f"run {tl.run_id}",
@@ -644,9 +677,12 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     status = tl.status if tl.finished else f"{tl.status} ({_open_note(tl.status)})"
     out.line(f"status: {status}{limit}")
     out.line(f"explanation: {tl.explanation or '-'}")
+    elapsed = tl.elapsed_s
+    if tl.status == "running" and tl.started_ts:  # in flight: its age
+        elapsed = max(time.time() - tl.started_ts, elapsed)
     out.line(f"model steps: {tl.model_steps}/{b.max_model_steps}, tool calls: "
              f"{tl.tool_calls}/{b.max_tool_calls}, usage: {_tokens(tl.usage)}, "
-             f"elapsed: {_secs(tl.elapsed_s)}")
+             f"elapsed: {_secs(elapsed)}")
     if tl.agent:
         out.line(f"agent: {tl.agent}" + (f" (version {tl.agent_version})"
                                          if tl.agent_version else ""))
@@ -667,14 +703,14 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     else:
         out.line("child runs: none")
     if tl.completed:
-        out.table([Col("call", shrink=8), Col("tool", shrink=8), Col("result", shrink=8),
+        out.table([Col("call", shrink=8, wrap=True), Col("tool", shrink=8), Col("result", shrink=8),
                    Col("attempts", right=True, drop=1)],
                   [(c.call_id, c.tool, c.status, c.attempts) for c in tl.completed],
                   title="completed actions")
     else:
         out.line("completed actions: none")
     if tl.unresolved:
-        out.table([Col("call", shrink=6), Col("tool", shrink=8), Col("execution id"),
+        out.table([Col("call", shrink=6, wrap=True), Col("tool", shrink=8), Col("execution id"),
                    Col("attempt", right=True, drop=2), Col("phase", drop=1)],
                   [(u.call_id, u.tool, u.execution_id, u.attempt,
                     u.phase + (" (abandoned)" if u.abandoned else "")) for u in tl.unresolved],
@@ -717,7 +753,10 @@ def _override_options(fn: F) -> F:
 @_override_options
 def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: str | None,
            do_check: bool, **limits: Any) -> None:
-    """Rebuild a run's state from its events and check it against how the run finished."""
+    """Rebuild a run's state from its events and check it against how the run finished.
+    RUN_ID may be a unique prefix of the id."""
+    import msgspec
+
     from boundloop.inspection import (
         OPEN_EXPLANATIONS,
         check,
@@ -725,6 +764,7 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
         open_journal,
         read_events,
         rebuild,
+        resolve_run_id,
         state_word,
     )
 
@@ -743,7 +783,7 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
     else:
         assert run_id is not None
         with open_journal(journal_dir(journal), readonly=True) as j:
-            events = read_events(j, run_id)
+            events = read_events(j, resolve_run_id(j, run_id))
             owners = j.owners()
     rebuilt = rebuild(events)
     st = rebuilt.state
@@ -779,6 +819,8 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
 
 
 def _print_replay(rebuilt: Any, report: Any, word: str, why: str) -> None:
+    import msgspec
+
     st = rebuilt.state
     limit = f" ({st.exhausted_limit})" if st.exhausted_limit else ""
     note = "" if st.finished else " (" + (
@@ -863,9 +905,10 @@ def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool,
 @json_option("a list of {run_id, head, ok, error}")
 @click.argument("run_ids", nargs=-1, metavar="[RUN_ID]...")
 def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None:
-    """Check the hash chain of every run (or of RUN_IDs): one line per run with its id, its
-    chain head in hex (keep it to prove the run unchanged later) and ok or what is damaged.
-    Exits 1 if any run is damaged. Read-only."""
+    """Check the hash chain of every run (or of RUN_IDs, each an id or a unique prefix of
+    one): one line per run with its id, its chain head in hex (keep it to prove the run
+    unchanged later) and ok or what is damaged, then a summary line (verified N runs: D
+    damaged, K ok). Exits 1 if any run is damaged. Read-only."""
     from boundloop.inspection import key_file_warning, verify_journal
 
     where = journal_dir(journal)
@@ -883,6 +926,10 @@ def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None
         for r in reports:
             click.echo((f"{r.run_id}  {r.head or '-'}  "
                         + ("ok" if r.ok else f"DAMAGED {r.error}")).rstrip())
+        if reports:
+            bad = sum(1 for r in reports if not r.ok)
+            click.echo(f"verified {_plural(len(reports), 'run')}: {bad} damaged, "
+                       f"{len(reports) - bad} ok")
     damaged = [r.run_id for r in reports if not r.ok]
     if damaged:
         click.echo(f"boundloop: {len(damaged)} of {len(reports)} runs damaged: "
@@ -928,11 +975,12 @@ def _mb(size: int) -> str:
               metavar="FILE", help="Write to FILE instead of standard output.")
 def export(journal: str | None, run_id: str, strip_content: bool, output: str | None) -> None:
     """Print a run's events as JSON lines, redacted, to attach to a bug report
-    (`boundloop replay --events FILE` reads them back)."""
-    from boundloop.inspection import export_lines, open_journal, read_events
+    (`boundloop replay --events FILE` reads them back). RUN_ID may be a unique prefix of the
+    id. Each line's "type" is the event's class name (CallDecided), as `show` names it."""
+    from boundloop.inspection import export_lines, open_journal, read_events, resolve_run_id
 
     with open_journal(journal_dir(journal), readonly=True) as j:
-        lines = list(export_lines(read_events(j, run_id), j.secret_key,
+        lines = list(export_lines(read_events(j, resolve_run_id(j, run_id)), j.secret_key,
                                   strip_content=strip_content))
     text = "".join(line + "\n" for line in lines)
     if output is None:
@@ -973,6 +1021,14 @@ def _runner(journal: str | None) -> Any:
     return Runner(j, model_threads=1, tool_threads=1, supervisors=1), j
 
 
+def _ids(j: Any, run_id: str, execution_id: str) -> tuple[str, str]:
+    """The full run and execution ids that the (possibly shortened) ids given name."""
+    from boundloop.inspection import resolve_execution_id, resolve_run_id
+
+    run_id = resolve_run_id(j, run_id)
+    return run_id, resolve_execution_id(j, run_id, execution_id)
+
+
 @cli.command()
 @journal_option
 @json_option("the recovered runs")
@@ -981,7 +1037,9 @@ def _runner(journal: str | None) -> Any:
                    "fenced. Without it, nothing is written.")
 @click.option("--dry-run", "dry_run", is_flag=True, help="Only report (the default).")
 def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> None:
-    """List the runs whose runner is gone and what each left unresolved (read-only).
+    """List the runs whose runner is gone and what each left unresolved (read-only): for each
+    action its execution id (never cut, whatever the width), call, tool, phase, attempt and
+    arguments as the journal holds them (redacted), what to check before resolving it.
 
     Nothing is executed: resolve actions with `boundloop resolve`, then continue a run from
     your code with runner.resume(run_id, model=..., tools=...), which claims it.
@@ -1010,33 +1068,50 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
         click.get_current_context().exit(EXIT_JOURNAL)
 
 
+def _arguments(r: Any, u: Any) -> dict[str, Any]:
+    """The arguments of ``r``'s unresolved action ``u``, as journaled (redacted)."""
+    rec = r.state.calls.get(u.execution_id)
+    return dict(rec.arguments) if rec is not None else {}
+
+
 def _recover_report(found: list[Any], claim: bool, as_json: bool, left_out: bool) -> None:
+    import msgspec
+
     if as_json:
         _echo_json([{"run_id": r.run_id, "model_steps": r.state.model_steps,
                      "tool_calls": r.state.tool_calls,
-                     "unresolved": msgspec.to_builtins(r.unresolved)} for r in found])
+                     "unresolved": [{**msgspec.to_builtins(u),
+                                     "arguments": _arguments(r, u)} for u in r.unresolved]}
+                    for r in found])
         return
     out = _Out()
     if not found:
         out.line("no other runs to recover" if left_out else
                  "no runs to recover: every open run has a live runner")
         return
-    rows: list[tuple[Any, ...]] = []
+    out.line(f"claimed {_plural(len(found), 'run')}" if claim else
+             f"{_plural(len(found), 'run')} to recover (read-only: --claim takes them over)",
+             style="bold")
     for r in found:
+        out.line()
+        out.line(f"run {r.run_id}: {_plural(r.state.model_steps, 'model step')}, "
+                 f"{_plural(r.state.tool_calls, 'tool call')}, "
+                 f"{_plural(len(r.unresolved), 'unresolved action')}")
         if not r.unresolved:
-            rows.append((r.run_id, r.state.model_steps, r.state.tool_calls, None, None, None,
-                         None, None))
-        for u in r.unresolved:
-            rows.append((r.run_id, r.state.model_steps, r.state.tool_calls, u.call_id, u.tool,
-                         u.execution_id, u.phase, u.attempt))
-    title = f"claimed {_plural(len(found), 'run')}" if claim else \
-        f"{_plural(len(found), 'run')} to recover (read-only: --claim takes them over)"
-    out.table([Col("run id"), Col("steps", drop=6, right=True), Col("calls", drop=6, right=True),
-               Col("call", shrink=6), Col("tool", shrink=8), Col("execution id"),
-               Col("phase", drop=2), Col("attempt", drop=3, right=True)], rows, title=title)
+            continue
+        out.table([Col("execution id"), Col("call", shrink=6, drop=4, wrap=True),
+                   Col("tool", shrink=8, drop=3), Col("phase", drop=5),
+                   Col("attempt", drop=6, right=True),
+                   Col("arguments (redacted)", shrink=12, wrap=True)],
+                  [(u.execution_id, u.call_id, u.tool, u.phase, u.attempt,
+                    json.dumps(_arguments(r, u), ensure_ascii=False, sort_keys=True))
+                   for u in r.unresolved])
     if any(r.unresolved for r in found):
-        out.line("resolve each action with: boundloop resolve RUN_ID EXECUTION_ID --outcome "
-                 "succeeded|failed|abandoned --note TEXT", style="dim")
+        out.line()
+        out.line("check each action's effect (its arguments say what it was to do), then "
+                 "record it: boundloop resolve RUN_ID EXECUTION_ID --outcome "
+                 "succeeded|failed|abandoned --note TEXT (unique prefixes of the ids do)",
+                 style="dim")
 
 
 @cli.command()
@@ -1055,8 +1130,9 @@ def _recover_report(found: list[Any], claim: bool, as_json: bool, left_out: bool
 def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: str | None,
             outcome: str | None, note: str, by: str | None, force: bool) -> None:
     """Record a person's decision on an unresolved action of RUN_ID: OUTCOME (or --outcome)
-    is succeeded, failed or abandoned. A run that a live runner still drives is refused
-    unless --force."""
+    is succeeded, failed or abandoned. RUN_ID and EXECUTION_ID may be unique prefixes
+    (`boundloop recover` lists them, with each action's arguments). A run that a live
+    runner still drives is refused unless --force."""
     if outcome_arg and outcome and outcome_arg != outcome:
         raise click.UsageError(f"two outcomes given: {outcome_arg} and --outcome {outcome}")
     outcome = outcome or outcome_arg
@@ -1064,6 +1140,7 @@ def resolve(journal: str | None, run_id: str, execution_id: str, outcome_arg: st
         raise click.UsageError("give the outcome: succeeded, failed or abandoned")
     runner, j = _runner(journal)
     try:
+        run_id, execution_id = _ids(j, run_id, execution_id)
         state = runner.resolve(run_id, execution_id, outcome, note, by=by, force=force)
     finally:
         runner.close()
@@ -1078,6 +1155,7 @@ def _decide(journal: str | None, run_id: str, execution_id: str, approved: bool,
             by: str | None, note: str) -> None:
     runner, j = _runner(journal)
     try:
+        run_id, execution_id = _ids(j, run_id, execution_id)
         decide = runner.approve if approved else runner.deny
         state = decide(run_id, execution_id, by=by, note=note)
     finally:
@@ -1104,7 +1182,8 @@ _NOTE = click.option("--note", default="", help="Why (kept in the journal).")
 def approve(journal: str | None, run_id: str, execution_id: str, by: str | None,
             note: str) -> None:
     """Approve a call of RUN_ID that waits for a person (`boundloop show RUN_ID` lists
-    them): a worker then dispatches it. A call that does not wait is refused."""
+    them): a worker then dispatches it. A call that does not wait is refused. RUN_ID and
+    EXECUTION_ID may be unique prefixes."""
     _decide(journal, run_id, execution_id, True, by, note)
 
 
@@ -1117,7 +1196,8 @@ def approve(journal: str | None, run_id: str, execution_id: str, by: str | None,
 def deny(journal: str | None, run_id: str, execution_id: str, by: str | None,
          note: str) -> None:
     """Deny a call of RUN_ID that waits for a person: it is recorded denied, never runs,
-    and the model sees it when a worker continues the run."""
+    and the model sees it when a worker continues the run. RUN_ID and EXECUTION_ID may be
+    unique prefixes."""
     _decide(journal, run_id, execution_id, False, by, note)
 
 
@@ -1250,6 +1330,8 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
                            restart_cmd=restart_cmd, restarts=restarts, progress=bar.update,
                            compress=compress)
     if as_json:
+        import msgspec
+
         _echo_json({**msgspec.to_builtins(report), "ok": report.ok, "dir": str(base)})
     else:
         text = format_report(report, command(runs, kills, seed, workers, pause, lease_s,
@@ -1337,9 +1419,11 @@ def main(argv: list[str] | None = None) -> NoReturn:
         where = f" ({exc.filename})" if exc.filename else ""
         _fail(f"cannot use the journal{where}: {exc.strerror or exc}; check the path and "
               "its permissions", EXIT_JOURNAL)
-    except ReplayError as exc:
-        _fail(f"the journal does not replay: {exc}", EXIT_JOURNAL)
     except BoundloopError as exc:
+        from boundloop.policy.replay import ReplayError  # imported when needed: fast startup
+
+        if isinstance(exc, ReplayError):
+            _fail(f"the journal does not replay: {exc}", EXIT_JOURNAL)
         _fail(str(exc), EXIT_USAGE)
     except Exception as exc:  # noqa: BLE001 - the contract: never a traceback
         if os.environ.get("BOUNDLOOP_DEBUG"):

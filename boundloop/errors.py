@@ -53,6 +53,10 @@ class UnknownRun(BoundloopError, KeyError):
         return str(self.args[0]) if self.args else "unknown run"
 
 
+class AmbiguousId(BoundloopError):
+    """An id prefix given on the command line matches more than one run or action."""
+
+
 class RecoveryError(BoundloopError):
     """A run cannot be recovered, resumed, or resolved as asked."""
 

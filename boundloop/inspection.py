@@ -18,16 +18,23 @@ import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 
 from boundloop import events as ev
 from boundloop import owners as owners_mod
+from boundloop._text import money, plain
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
-from boundloop.errors import ConfigError, JournalCorrupt, JournalUnavailable
+from boundloop.errors import (
+    AmbiguousId,
+    ConfigError,
+    JournalCorrupt,
+    JournalUnavailable,
+    UnknownRun,
+)
 from boundloop.journal import codec
 from boundloop.journal.base import Journal, OwnerRecord, RunInfo
 from boundloop.messages import CallTools, Final, Message, ToolCall
@@ -153,6 +160,60 @@ def read_events(journal: Journal, run_id: str) -> list[ev.Event]:
     return list(journal.events(run_id))
 
 
+#: How many candidates an ambiguous prefix names.
+_CANDIDATES = 4
+
+
+def _pick(given: str, ids: Iterable[str], what: str) -> str | None:
+    """The one id of ``ids`` that starts with ``given`` (None: none does).
+
+    Raises:
+        AmbiguousId: several do (a few are named).
+    """
+    found: list[str] = []
+    for candidate in ids:
+        if candidate.startswith(given) and candidate not in found:
+            found.append(candidate)
+    if len(found) > 1:
+        shown = ", ".join(sorted(found)[:_CANDIDATES])
+        more = f" and {len(found) - _CANDIDATES} more" if len(found) > _CANDIDATES else ""
+        raise AmbiguousId(f"{what} {given!r} is ambiguous: {len(found)} {what}s begin with "
+                          f"it ({shown}{more}); give more of it")
+    return found[0] if found else None
+
+
+def resolve_run_id(journal: Journal, given: str) -> str:
+    """The run id ``given`` names: itself when a run has that id (an exact id always wins),
+    else the one run id it begins.
+
+    Raises:
+        UnknownRun: no run id is or begins with ``given``.
+        AmbiguousId: ``given`` begins several run ids (and is none of them).
+    """
+    if given and journal.find(given) is not None:
+        return given
+    found = _pick(given, journal.runs(), "run id") if given else None
+    if found is None:
+        journal.info(given)  # raises UnknownRun, with the usual message
+        raise UnknownRun(f"no run {given!r} in this journal")
+    return found
+
+
+def resolve_execution_id(journal: Journal, run_id: str, given: str) -> str:
+    """The execution id of run ``run_id`` that ``given`` names: itself when one of the run's
+    calls has that id, else the one it begins; when none does, ``given`` as it is (the
+    caller says it is unknown).
+
+    Raises:
+        AmbiguousId: ``given`` begins several of the run's execution ids.
+    """
+    ids = list(dict.fromkeys(eid for e in journal.events(run_id)
+                             if isinstance(eid := getattr(e, "execution_id", None), str)))
+    if not given or given in ids:
+        return given
+    return _pick(given, ids, "execution id") or given
+
+
 _json_events = msgspec.json.Decoder(ev.AnyEvent)
 _raw_list = msgspec.msgpack.Decoder(list[bytes])
 
@@ -181,8 +242,28 @@ def load_events(path: str | os.PathLike[str]) -> list[ev.Event]:
         try:
             out.append(_json_events.decode(line))
         except msgspec.DecodeError as exc:
-            raise JournalCorrupt(f"{p}, line {number}: not an event ({exc})") from None
+            named = _by_tag(line)  # "type" a class name (export), not a tag (older export)
+            try:
+                out.append(_json_events.decode(named if named is not None else line))
+            except msgspec.DecodeError:
+                raise JournalCorrupt(f"{p}, line {number}: not an event ({exc})") from None
     return out
+
+
+#: Each event's stable tag, by its class name.
+_TAGS = {cls.__name__: str(cls.__struct_config__.tag) for cls in get_args(ev.AnyEvent)}
+
+
+def _by_tag(line: bytes) -> bytes | None:
+    """A JSON line whose "type" names the event's class, with its tag there instead."""
+    try:
+        obj = msgspec.json.decode(line)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("type") not in _TAGS:
+        return None
+    obj["type"] = _TAGS[obj["type"]]
+    return msgspec.json.encode(obj)
 
 
 def event_type(event: ev.Event) -> str:
@@ -208,6 +289,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     explanation: str
     created_ts: float
     finished_ts: float | None
+    #: Seconds the run took; a running run's age (now minus its start).
     elapsed_s: float
     parent_run_id: str | None
     owner: str
@@ -297,7 +379,8 @@ _DAMAGE_HINT = {False: "`boundloop verify` tells more",
                       "shows them"}
 
 
-def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) -> RunSummary:
+def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord],
+             now: float | None = None) -> RunSummary:
     try:
         state = replay(e for _, e in journal.read(info.run_id))
     except (JournalCorrupt, ReplayError) as exc:
@@ -312,11 +395,15 @@ def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord]) ->
     status = state_word(state.finished, state.status, state.owner, owners)
     explanation = state.explanation if state.finished else OPEN_EXPLANATIONS[status]
     waits = waiting_note(state, status)
+    elapsed = state.elapsed_s
+    if status == "running":  # in flight: its age, not the time to its last event
+        start = info.created_ts or state.started_ts
+        elapsed = max((time.time() if now is None else now) - start, elapsed)
     return RunSummary(run_id=info.run_id, status=status, exhausted_limit=state.exhausted_limit,
                       model_steps=state.model_steps, tool_calls=state.tool_calls,
                       usage=state.usage, explanation=f"{explanation} {waits}".strip(),
                       created_ts=info.created_ts,
-                      finished_ts=info.finished_ts, elapsed_s=state.elapsed_s,
+                      finished_ts=info.finished_ts, elapsed_s=elapsed,
                       parent_run_id=info.parent_run_id, owner=info.owner,
                       unresolved=len(state.unresolved), agent=state.agent,
                       agent_version=state.agent_version, labels=state.labels,
@@ -373,7 +460,7 @@ def find_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterab
             return None
         if wanted and info.status is not None and info.status not in wanted:
             return None
-        summary = _summary(journal, info, owners)
+        summary = _summary(journal, info, owners, now)
         if wanted and summary.status not in wanted:
             return None
         if limits and (summary.exhausted_limit is None or
@@ -443,8 +530,8 @@ class TimelineRow(msgspec.Struct, kw_only=True):
 
     seq: int
     offset_s: float
+    #: The event's class name (``CallDecided``), as SPEC 6 names it and ``export`` too.
     event: str
-    type: str
     step: int | None = None
     call_id: str | None = None
     tool: str | None = None
@@ -505,7 +592,7 @@ def _short(value: Any, width: int = 60) -> str:
 
 def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
     row = TimelineRow(seq=seq, offset_s=round(max(event.ts - t0, 0.0), 6),
-                      event=event_name(event), type=event_type(event))
+                      event=event_name(event))
     eid = getattr(event, "execution_id", None)
     if isinstance(eid, str):
         row.execution_id = eid
@@ -533,7 +620,7 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
             row.step = event.step
             u = event.usage
             row.detail = (f"in {u.all_input_tokens} out {u.output_tokens}"
-                          f"{'' if u.cost is None else f' cost {u.cost:.6g}'}"
+                          f"{'' if u.cost is None else f' cost {money(u.cost)}'}"
                           f" ({'estimated' if event.estimated else 'reported'})")
         case ev.NoticeAdded():
             row.detail = _short(event.text)
@@ -552,7 +639,7 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
             row.detail = _short(event.content)
         case ev.CallTimedOut():
             row.attempt, row.outcome, row.latency_s = event.attempt, "timed_out", event.latency_s
-            row.detail = f"timeout {event.timeout_s:.3g}s"
+            row.detail = f"timeout {plain(event.timeout_s, 3)}s"
         case ev.CallOutcomeUnknown():
             row.attempt, row.outcome = event.attempt, "outcome_unknown"
             row.detail = _short(event.content)
@@ -631,8 +718,10 @@ def run_timeline(journal: Journal, run_id: str) -> Timeline:
 
     Raises:
         UnknownRun: the journal holds no such run.
+        AmbiguousId: ``run_id`` is no run's id and begins several.
         ReplayError: the events do not make a run.
     """
+    run_id = resolve_run_id(journal, run_id)
     tl = timeline(read_events(journal, run_id), journal.owners())
     tl.children = run_children(journal, run_id)
     return tl
@@ -1224,7 +1313,8 @@ def _scrub(value: Any, key: bytes, strip: bool) -> Any:
 
 def export_lines(events: Iterable[ev.Event], secret_key: bytes, *,
                  strip_content: bool = False) -> Iterator[str]:
-    """The events as JSON lines (``{"seq": n, "type": tag, ...}``), for a bug report.
+    """The events as JSON lines (``{"seq": n, "type": "CallDecided", ...}``: the event's
+    class name, as ``show`` names it), for a bug report.
 
     Values the journal redacted stay digests; any other value under a key that names a
     credential is digested too (HMAC under ``secret_key``). With ``strip_content``, texts,
@@ -1233,6 +1323,7 @@ def export_lines(events: Iterable[ev.Event], secret_key: bytes, *,
     """
     for seq, event in enumerate(events, 1):
         data = _scrub(msgspec.to_builtins(event), secret_key, strip_content)
+        data["type"] = event_name(event)  # as `show` names it (load_events takes both)
         yield _json.encode({"seq": seq, **data}).decode()
 
 
@@ -1285,6 +1376,8 @@ def _chain_reports(journal: Journal, run_ids: Sequence[str] = (), listed: Any = 
     if not isinstance(journal, LmdbJournal) and not hasattr(journal, "chain_head"):
         raise ConfigError("this journal keeps no hash chain to verify")
     chained: Any = journal  # LMDB or PostgreSQL: both keep the chain
+    # A unique prefix names a run; an unknown id is reported by _check_runs.
+    run_ids = [_resolve_or_keep(chained, r) for r in run_ids]
     ids = list(run_ids) if run_ids or not runs else chained.indexed_run_ids()
     if listed is not None:
         listed(ids)
@@ -1308,9 +1401,19 @@ def _chain_reports(journal: Journal, run_ids: Sequence[str] = (), listed: Any = 
                 yield ChainReport(run_id="(index)", head=None, ok=False, error=str(exc))
 
 
+def _resolve_or_keep(journal: Any, given: str) -> str:
+    from boundloop.errors import BoundloopError
+
+    try:
+        return resolve_run_id(journal, given)
+    except AmbiguousId:
+        raise
+    except BoundloopError:  # unknown, or an index that cannot be read: reported per run
+        return given
+
+
 def _check_runs(journal: Any, ids: Sequence[str], listed_by_user: bool
                 ) -> Iterator[ChainReport]:
-    from boundloop.errors import UnknownRun
     from boundloop.journal import chain
 
     for run_id in ids:

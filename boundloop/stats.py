@@ -21,6 +21,7 @@ from typing import Literal
 import msgspec
 
 from boundloop import events as ev
+from boundloop._text import money, plain
 from boundloop.errors import JournalCorrupt
 from boundloop.journal.base import Journal
 from boundloop.telemetry import names as n
@@ -69,6 +70,8 @@ class Group(msgspec.Struct, frozen=True, omit_defaults=True):
     cost_per_run: float | None = None
     duration_s: Distribution | None = None
     attempts: int | None = None
+    #: Of the attempts, those that failed (CallFailed: the tool raised or returned an error).
+    errors: int | None = None
     retries: int | None = None
     outcome_unknown: int | None = None
     reconciliations: int | None = None
@@ -141,6 +144,16 @@ class _Collect:
             if name == metric.name:
                 k = "" if at is None else values[at]
                 out[k] = out.get(k, 0) + v
+        return out
+
+    def observed_where(self, metric: n.Metric, at: int, where: int,
+                       value: str) -> dict[str, list[float]]:
+        """The metric's observations whose attribute at ``where`` is ``value``, by the
+        attribute value at ``at``."""
+        out: dict[str, list[float]] = {}
+        for (name, values), v in self.values.items():
+            if name == metric.name and values[where] == value:
+                out.setdefault(values[at], []).extend(v)
         return out
 
     def observed(self, metric: n.Metric, at: int | None = None) -> dict[str, list[float]]:
@@ -262,8 +275,10 @@ def _by_tool(sink: _Collect) -> dict[str, Group]:
     unknown = sink.count(n.OUTCOME_UNKNOWN, 0)
     reconciled = sink.count(n.RECONCILIATIONS, 0)
     reviews = sink.count(n.REVIEWS, 0)
+    errors = sink.observed_where(n.TOOL_LATENCY, 0, 1, "error")
     tools = sorted({*latency, *retries, *unknown, *reconciled, *reviews})
-    return {t: Group(attempts=len(latency.get(t, [])), retries=int(retries.get(t, 0)),
+    return {t: Group(attempts=len(latency.get(t, [])), errors=len(errors.get(t, [])),
+                     retries=int(retries.get(t, 0)),
                      outcome_unknown=int(unknown.get(t, 0)),
                      reconciliations=int(reconciled.get(t, 0)), reviews=int(reviews.get(t, 0)),
                      latency_s=distribution(latency.get(t, [])))
@@ -328,7 +343,7 @@ def _num(v: float | None, unit: str = "") -> str:
         if v < 0.01:
             return f"{v * 1000:.2f}ms"
         return f"{v * 1000:.1f}ms" if v < 1 else f"{v:.2f}s"
-    return f"{v:.6g}"
+    return money(v) if unit == "$" else plain(v)
 
 
 def _dist(d: Distribution | None, unit: str = "") -> str:
@@ -384,7 +399,8 @@ def summary(stats: Stats) -> list[str]:
         "effect)",
         f"sent to review: {stats.reviews}",
         f"tokens: {_pairs(stats.tokens)}",
-        f"cost per finished run: {_num(stats.cost_per_run)} (total {_num(stats.cost_total)} "
+        f"cost per finished run: {_num(stats.cost_per_run, '$')} (total "
+        f"{_num(stats.cost_total, '$')} "
         f"over {_plural(stats.cost_runs, 'run')} with a cost)",
         f"run duration: {_dist(stats.duration_s, 's')}",
         f"model latency: {_dist(stats.model_latency_s, 's')}",
@@ -397,16 +413,16 @@ def group_table(stats: Stats) -> tuple[list[str], list[list[str]]] | None:
     """(header, rows) of the figures by ``stats.by``; None without a grouping or groups."""
     groups = stats.groups or {}
     if stats.by == "tool":
-        header = ["tool", "attempts", "retries", "unknown", "reconciled", "reviews",
-                  "p50", "p95"]
-        rows = [[k, str(g.attempts), str(g.retries), str(g.outcome_unknown),
+        header = ["tool", "attempts", "errors", "retries", "unknown", "reconciled",
+                  "reviews", "p50", "p95"]
+        rows = [[k, str(g.attempts), str(g.errors), str(g.retries), str(g.outcome_unknown),
                  str(g.reconciliations), str(g.reviews),
                  _num(g.latency_s.p50 if g.latency_s else None, "s"),
                  _num(g.latency_s.p95 if g.latency_s else None, "s")]
                 for k, g in groups.items()]
     else:
         header = [stats.by or "", "runs", "cost/run", "cost total", "p50", "p95"]
-        rows = [[k, str(g.runs), _num(g.cost_per_run), _num(g.cost_total),
+        rows = [[k, str(g.runs), _num(g.cost_per_run, "$"), _num(g.cost_total, "$"),
                  _num(g.duration_s.p50 if g.duration_s else None, "s"),
                  _num(g.duration_s.p95 if g.duration_s else None, "s")]
                 for k, g in groups.items()]

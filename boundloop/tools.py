@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import dataclasses
 import importlib
@@ -104,6 +103,8 @@ class ToolContext:
         """
         if self._run_child is None:
             raise ConfigError("this call's context cannot start child runs")
+        import asyncio  # here: `boundloop runs` and the like need no event loop
+
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -115,6 +116,8 @@ class ToolContext:
         """``run_child`` for ``async def`` handlers: awaits the child without blocking."""
         if self._run_child is None:
             raise ConfigError("this call's context cannot start child runs")
+        import asyncio
+
         loop = asyncio.get_running_loop()
         done: asyncio.Future[RunResult] = loop.create_future()
         run_child = self._run_child

@@ -219,8 +219,8 @@ def test_export_is_redacted_json_lines(journal: dict[str, Any], tmp_path: Path) 
         assert done.code == 0 and done.err == "", done
     events = [json.loads(line) for line in crashed.out.splitlines()]
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    assert events[0]["type"] == "run.admitted"
-    assert "call.decided" in [e["type"] for e in events]
+    assert events[0]["type"] == "RunAdmitted"  # as `show` names events
+    assert "CallDecided" in [e["type"] for e in events]
     assert SECRET not in crashed.out and "hmac-sha256:" in crashed.out
     assert stripped.out == "" and SECRET not in out.read_text()
     assert "deploy api" in crashed.out and "deploy api" not in out.read_text()

@@ -253,7 +253,7 @@ def test_a_format_2_journal_is_upgraded_in_place_by_a_compressing_writer(
         assert runner.run(model=_script(1), tools=[search], prompt="go").status == "final"
     assert stored_format(path) == 3
     done = _cli("verify", path)
-    assert done.returncode == 0 and len(done.stdout.splitlines()) == 5, done
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 5 + 1, done  # + summary
 
 
 @pytest.mark.parametrize("flag", ["compress", "sync", "read_only"])

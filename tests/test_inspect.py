@@ -354,7 +354,7 @@ def test_export_is_redacted_and_reads_back(journal: Path) -> None:
     text = "\n".join(lines)
     assert "k-999" not in text and "tok-123" not in text  # redacted by the journal
     assert [msgspec.json.decode(x)["seq"] for x in lines] == list(range(1, len(events) + 1))
-    assert msgspec.json.decode(lines[0])["type"] == "run.admitted"
+    assert msgspec.json.decode(lines[0])["type"] == "RunAdmitted"
     path = Path(str(journal) + ".jsonl")
     path.write_text(text + "\n")
     assert bi.load_events(path) == events

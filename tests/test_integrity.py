@@ -134,11 +134,13 @@ def test_verify_prints_each_run_and_its_head(journal: tuple[Path, list[str]]) ->
         heads = {r: j.chain_head(r).hex() for r in ids}
     done = cli("verify", journal=path)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [f"{r}  {heads[r]}  ok" for r in ids]
+    assert done.stdout.splitlines() == [f"{r}  {heads[r]}  ok" for r in ids] + [
+        f"verified {len(ids)} runs: 0 damaged, {len(ids)} ok"]
     as_json = json.loads(cli("verify", "--json", journal=path).stdout)
     assert as_json == [{"run_id": r, "head": heads[r], "ok": True, "error": None} for r in ids]
     one = cli("verify", ids[1], journal=path)
-    assert one.returncode == 0 and one.stdout.split() == [ids[1], heads[ids[1]], "ok"]
+    assert one.returncode == 0 and one.stdout.splitlines() == [
+        f"{ids[1]}  {heads[ids[1]]}  ok", "verified 1 run: 0 damaged, 1 ok"]
     assert cli("verify", "nope", journal=path).returncode == 3
 
 

@@ -591,7 +591,7 @@ def test_the_cli_outputs_are_real(swept: dict[str, Any]) -> None:
     listed = json.loads(outputs["runs --json"])
     assert {r["run_id"] for r in listed} == set(swept["results"])
     exported = [json.loads(x) for x in outputs["export sweep-a"].splitlines()]
-    assert exported[0]["type"] == "run.admitted" and len(exported) > 10
+    assert exported[0]["type"] == "RunAdmitted" and len(exported) > 10
     assert "hmac-sha256:" in outputs["export sweep-d --strip-content"]
     assert json.loads(outputs["show sweep-b --json"])
 
