@@ -209,9 +209,11 @@ def plan(run_id: str, seed: int) -> list[str]:
 
 
 def drill_model(seed: int, plan_of: Callable[[str, int], list[str]] = plan,
-                ) -> Callable[[list[Message], Any], Any]:
+                step_ids: bool = False) -> Callable[[list[Message], Any], Any]:
     """A model that reads its next step (of ``plan_of(run_id, seed)``) off the history, so
-    a resumed run continues."""
+    a resumed run continues. With ``step_ids`` its call ids name the model step too: a
+    round that a draining worker skipped is left out of the history, but its call ids stay
+    reserved, so the same step asked again needs new ones (as a real model's would be)."""
 
     def model(history: list[Message], ctx: Any) -> Any:
         names = plan_of(ctx.run_id, seed)
@@ -219,7 +221,8 @@ def drill_model(seed: int, plan_of: Callable[[str, int], list[str]] = plan,
         if done >= len(names):
             return Final("all done")
         name = names[done]
-        return CallTools([ToolCall(f"c{done + 1}", name, ARGS[name])])
+        call_id = f"c{done + 1}-{ctx.step}" if step_ids else f"c{done + 1}"
+        return CallTools([ToolCall(call_id, name, ARGS[name])])
 
     return model
 

@@ -113,9 +113,9 @@ def drill_agent(ledger_path: Path, seed: int, worker: str = "w") -> Any:
     names whoever acts, in the ledger)."""
     import boundloop as bl
 
-    return bl.Agent(AGENT, model=drill_model(seed, queue_plan),
+    return bl.Agent(AGENT, model=drill_model(seed, queue_plan, step_ids=True),
                     tools=drill_tools(ledger_path, worker, approvals=True),
-                    budget=bl.Budget(max_model_steps=12, max_tool_calls=12), version="1")
+                    budget=bl.Budget(max_model_steps=30, max_tool_calls=30), version="1")
 
 
 def serve(journal: str, ledger_path: str, seed: int, concurrency: int, *, lease_s: float,
@@ -303,17 +303,18 @@ class _Fleet:
                                f"{' '.join(err[-20:])}")
 
     def inject(self, rng: random.Random, pause: bool, kills: int) -> bool:
-        """One fault on a serving worker: SIGTERM (one in five), a pause past the lease
-        (``pause``: half of the rest, some worker left awake), else SIGKILL."""
-        live = [life for life in self.procs.values()
-                if not life.paused and life.proc.poll() is None and life.ready()]
+        """One fault on a serving worker: SIGTERM (one in five, and always the second, so
+        a short drill has one), a pause past the lease (``pause``: half of the rest, some
+        worker left awake), else SIGKILL."""
+        live = [life for life in self.procs.values() if not life.paused
+                and not life.killed_at and life.proc.poll() is None and life.ready()]
         if not live:
             return False
         life = rng.choice(live)
         frozen = sum(life.paused for life in self.procs.values())
         roll = rng.random()
         time.sleep(rng.uniform(0.0, 0.005))
-        if roll < 0.2:
+        if roll < 0.2 or self.report.faults_injected == 1 and not self.report.terms_injected:
             self._term(life, kills)
             return True
         probe = self.rig.probe
