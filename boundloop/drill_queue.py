@@ -72,7 +72,8 @@ class QueueDrillReport(DrillReport):
 
     ``terms_injected`` counts SIGTERMs (part of ``faults_injected``); ``exits_graceful`` the
     workers that exited 0 after a SIGTERM (the faults, and the stop of every worker at the
-    end), ``exits_not_graceful`` those that did not (an invariant). ``claims_from_queue``
+    end), ``exits_not_graceful`` those that did not (an invariant); ``runs_drained`` the
+    runs a SIGTERMed worker let go open, for others to take over. ``claims_from_queue``
     counts the claims of queued runs (enqueued, or queued again after a decision), which are
     no takeovers. ``approvals_asked`` counts calls that waited for a person, ``approvals``
     and ``denials`` the decisions the journal records (by the person thread, or at the end).
@@ -84,6 +85,7 @@ class QueueDrillReport(DrillReport):
     terms_injected: int = 0
     exits_graceful: int = 0
     exits_not_graceful: int = 0
+    runs_drained: int = 0
     claims_from_queue: int = 0
     approvals_asked: int = 0
     approvals: int = 0
@@ -156,12 +158,16 @@ class _NotingWorker(Worker):
         runner = self.runner
         for future in list(self._running.values()):
             if future.done() and runner is not None:
-                _note_result(self.notes, self.name, runner.owner, future)
+                _note_result(self.notes, self.name, runner.owner, future,
+                             self._stopping.is_set())
         super()._reap()
 
 
-def _note_result(notes: str, name: str, owner: str, future: Future[RunResult]) -> None:
-    """One line of ``notes`` per result a worker was given (as ``boundloop.drill`` notes)."""
+def _note_result(notes: str, name: str, owner: str, future: Future[RunResult],
+                 stopping: bool) -> None:
+    """One line of ``notes`` per result a worker was given (as ``boundloop.drill`` notes);
+    a run a stopping worker let go (it drained) is noted ``drained``, not as a lease that
+    ran out (which its explanation says)."""
     if future.cancelled():
         return
     exc = future.exception()
@@ -169,8 +175,10 @@ def _note_result(notes: str, name: str, owner: str, future: Future[RunResult]) -
         record: dict[str, Any] = {"kind": "error", "where": "result", "error": repr(exc)}
     else:
         r = future.result()
-        record = {"kind": "result", "run_id": r.run_id, "status": r.status,
-                  "tool_calls": r.tool_calls, "model_steps": r.model_steps, "owner": owner,
+        drained = stopping and r.status == "journal_unavailable"
+        record = {"kind": "drained" if drained else "result", "run_id": r.run_id,
+                  "status": r.status, "tool_calls": r.tool_calls,
+                  "model_steps": r.model_steps, "owner": owner,
                   "explanation": r.explanation if r.status == "journal_unavailable" else ""}
     _append_line(notes, json.dumps({"worker": name, **record}))
 
@@ -468,6 +476,8 @@ def _check_queue(runner: Any, base: Path, run_ids: list[str],
                 report.denied_executed += len(ran)
             elif rec.approval:
                 report.executed_without_approval += sum(t < at for t in ran)
+    notes = _jsonl(sorted((base / "logs").glob("*.jsonl")))
+    report.runs_drained = sum(n.get("kind") == "drained" for n in notes)
     claims = _jsonl([base / "takeovers.jsonl"])
     report.claims_from_queue = sum(t["cause"] == "queue" for t in claims)
     # The workers resume what they take over by themselves (no sweep logs it): count the
