@@ -1296,10 +1296,15 @@ def worker(journal: str | None, target: str, concurrency: int, grace_s: float,
 @click.option("--compress", is_flag=True, default=False,
               help="The workers store the journal's records compressed "
                    "(Runner(compress=True)).")
+@click.option("--queue", is_flag=True, default=False,
+              help="Enqueue every run up front; the workers are bl.Worker processes serving "
+                   "the drill's agent (they take queued and orphaned runs themselves), one "
+                   "run in five calls a tool that needs approval, which a person thread "
+                   "approves or denies; some faults are SIGTERMs (exit code 0 expected).")
 @json_option("the report")
 def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: float,
           pidns: bool | None, where: str | None, journal: str | None, pgdata: str | None,
-          restart_cmd: str | None, restarts: int | None, compress: bool,
+          restart_cmd: str | None, restarts: int | None, compress: bool, queue: bool,
           as_json: bool) -> None:
     """Crash-recovery and ownership drill: SIGKILL (and with --pause, SIGSTOP past the
     lease) workers at random moments while the others take their runs over; check the
@@ -1309,7 +1314,7 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
     import tempfile
     from pathlib import Path
 
-    from boundloop.drill import can_unshare, command, format_report, run_drill
+    from boundloop.drill import DrillReport, can_unshare, command, format_report, run_drill
     from boundloop.journal.postgres import is_url
 
     if pidns and not can_unshare():
@@ -1322,13 +1327,25 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
                                "postgresql://...")
     if pgdata and restart_cmd:
         raise click.UsageError("give --pgdata or --pg-restart-cmd, not both")
+    if queue and (pgdata or restart_cmd or restarts):
+        raise click.UsageError("--queue does not restart the server yet: leave out "
+                               "--pgdata, --pg-restart-cmd and --pg-restarts")
     base = Path(where) if where else Path(tempfile.mkdtemp(prefix="boundloop-drill-"))
+    report: DrillReport
     with _progress(_Out(), "drill (faults injected)") as bar:
-        report = run_drill(base, runs, kills, seed, workers,
-                           out=(lambda s: None) if as_json else bar.echo, pause=pause,
-                           lease_s=lease_s, pidns=pidns, journal=journal, pgdata=pgdata,
-                           restart_cmd=restart_cmd, restarts=restarts, progress=bar.update,
-                           compress=compress)
+        if queue:
+            from boundloop.drill_queue import run_queue_drill
+
+            report = run_queue_drill(base, runs, kills, seed, workers,
+                                     out=(lambda s: None) if as_json else bar.echo,
+                                     pause=pause, lease_s=lease_s, pidns=pidns,
+                                     journal=journal, progress=bar.update, compress=compress)
+        else:
+            report = run_drill(base, runs, kills, seed, workers,
+                               out=(lambda s: None) if as_json else bar.echo, pause=pause,
+                               lease_s=lease_s, pidns=pidns, journal=journal, pgdata=pgdata,
+                               restart_cmd=restart_cmd, restarts=restarts,
+                               progress=bar.update, compress=compress)
     if as_json:
         import msgspec
 
@@ -1336,7 +1353,7 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
     else:
         text = format_report(report, command(runs, kills, seed, workers, pause, lease_s,
                                              pidns, journal, pgdata, restart_cmd, restarts,
-                                             compress))
+                                             compress, queue))
         click.echo("\n".join(line.rstrip() for line in text.splitlines()))
     if not report.ok:
         click.get_current_context().exit(EXIT_MISMATCH)

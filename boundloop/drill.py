@@ -74,7 +74,7 @@ from boundloop.tools import Tool, ToolContext, tool
 
 TOOLS = ("charge", "ship", "book")
 ARGS: dict[str, dict[str, Any]] = {"charge": {"amount": 7}, "ship": {"item": "parcel"},
-                                   "book": {"room": "r1"}}
+                                   "book": {"room": "r1"}, "refund": {"amount": 3}}
 #: A takeover may come this much later than lease + claim interval on a loaded machine: a
 #: sweep reads every open run, and a worker that just said it is ready needs ~0.5 s to sweep.
 SLACK_S = 1.0
@@ -208,16 +208,21 @@ def plan(run_id: str, seed: int) -> list[str]:
     return order
 
 
-def drill_model(seed: int) -> Callable[[list[Message], Any], Any]:
-    """A model that reads its next step off the history, so a resumed run continues."""
+def drill_model(seed: int, plan_of: Callable[[str, int], list[str]] = plan,
+                step_ids: bool = False) -> Callable[[list[Message], Any], Any]:
+    """A model that reads its next step (of ``plan_of(run_id, seed)``) off the history, so
+    a resumed run continues. With ``step_ids`` its call ids name the model step too: a
+    round that a draining worker skipped is left out of the history, but its call ids stay
+    reserved, so the same step asked again needs new ones (as a real model's would be)."""
 
     def model(history: list[Message], ctx: Any) -> Any:
-        names = plan(ctx.run_id, seed)
+        names = plan_of(ctx.run_id, seed)
         done = sum(1 for m in history if m.kind == "tool_result")
         if done >= len(names):
             return Final("all done")
         name = names[done]
-        return CallTools([ToolCall(f"c{done + 1}", name, ARGS[name])])
+        call_id = f"c{done + 1}-{ctx.step}" if step_ids else f"c{done + 1}"
+        return CallTools([ToolCall(call_id, name, ARGS[name])])
 
     return model
 
@@ -335,8 +340,9 @@ class Downstream:
             return False
 
 
-def drill_tools(ledger_path: Path, worker: str = "w") -> list[Tool]:
-    """The drill's tools: each appends one ledger line per real side effect."""
+def drill_tools(ledger_path: Path, worker: str = "w", approvals: bool = False) -> list[Tool]:
+    """The drill's tools: each appends one ledger line per real side effect. With
+    ``approvals`` also ``refund``, irreversible, which waits for a person's approval."""
     rng = random.Random()
     downstream = Downstream(ledger_path)
 
@@ -364,7 +370,11 @@ def drill_tools(ledger_path: Path, worker: str = "w") -> list[Tool]:
     def book(room: str, ctx: ToolContext) -> str:
         return act("book", ctx)
 
-    return [charge, ship, book]
+    @tool(irreversible=True, needs_approval=True, timeout_s=10)
+    def refund(amount: int, ctx: ToolContext) -> str:
+        return act("refund", ctx)
+
+    return [charge, ship, book, refund] if approvals else [charge, ship, book]
 
 
 def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrency: int,
@@ -515,17 +525,22 @@ def _worker_main(argv: list[str]) -> None:
     ap.add_argument("--pid", type=int, default=0,
                     help="as pid 1 of a new pid namespace: run the worker as this pid")
     a = ap.parse_args(argv)
-    if a.pid > 1 and os.getpid() == 1:
-        # Pid 1 of a new namespace: run the worker from pid ``a.pid`` on (see _TidBlocks).
+    as_pid(a.pid)
+    worker(a.journal, a.ledger, a.runs_file, int(a.seed), int(a.concurrency), a.log,
+           lease_s=a.lease, name=a.name, notes=a.notes, linger=a.linger, compress=a.compress)
+
+
+def as_pid(pid: int) -> None:
+    """As pid 1 of a new pid namespace, go on as a child of pid ``pid`` (see _TidBlocks);
+    pid 1 waits for it and exits as it does."""
+    if pid > 1 and os.getpid() == 1:
         with open("/proc/sys/kernel/ns_last_pid", "w") as f:
-            f.write(str(a.pid - 1))
+            f.write(str(pid - 1))
         child = os.fork()
         if child:
             _, status = os.waitpid(child, 0)
             sys.stdout.flush()
             os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
-    worker(a.journal, a.ledger, a.runs_file, int(a.seed), int(a.concurrency), a.log,
-           lease_s=a.lease, name=a.name, notes=a.notes, linger=a.linger, compress=a.compress)
 
 
 # -- the drill ----------------------------------------------------------------------------
@@ -760,6 +775,13 @@ def _spawn(base: Path, n: int, slot: int, runs: list[str], seed: int, concurrenc
             str(concurrency), str(base / "recovered.jsonl"), "--lease", str(lease_s),
             "--name", name, "--notes", str(logs / f"{name}.jsonl"),
             "--linger", str(base / "linger")] + (["--compress"] if compress else [])
+    return _popen(logs, name, slot, runs, argv, pidns, tids)
+
+
+def _popen(logs: Path, name: str, slot: int, runs: list[str], argv: list[str], pidns: bool,
+           tids: _TidBlocks | None) -> _Life:
+    """Start worker ``name`` (``argv``, which takes ``--pid``), in a pid namespace of its
+    own when ``pidns``, its output in ``logs``."""
     if pidns:
         # Thread-id blocks matter to LMDB's robust mutexes only (see _TidBlocks).
         first = [] if tids is None else ["--pid", str(tids.take(name))]
@@ -926,79 +948,25 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
     ``out`` gets a line per fault injected (and the phases); ``progress``, if given,
     ``(faults injected, kills)`` with each.
     """
-    from boundloop.journal.postgres import is_url
     from boundloop.runner import Runner
 
     started = time.monotonic()
     rng = random.Random(seed)
-    base.mkdir(parents=True, exist_ok=True)
-    if journal is not None and not is_url(journal):
-        raise ValueError(f"journal must be a postgresql:// URL, got {journal!r} (the LMDB "
-                         "drill keeps its journal in its directory)")
-    if journal is None and (pgdata is not None or restart_cmd is not None):
-        raise ValueError("a server restart needs a PostgreSQL journal (a postgresql:// URL)")
-    if pidns is None:
-        pidns = pause and can_unshare()
+    rig = _prepare(base, DrillReport(runs, workers=workers, lease_s=lease_s,
+                                     compress=compress), kills, pause, pidns, journal,
+                   pgdata, restart_cmd, restarts)
+    report, where, server, probe, tids = rig
     run_ids = [f"drill-{seed}-{i:05d}" for i in range(runs)]
     expected_kills = kills // 2 if pause else kills
     size = max(1, runs // (expected_kills + workers))
     queue = [run_ids[i:i + size] for i in range(0, runs, size)]
-    report = DrillReport(runs, workers=workers, lease_s=lease_s, pid_namespaces=pidns,
-                         unowned_bound_s=round(lease_s * 1.5 + SLACK_S, 3), compress=compress)
-    if progress is not None:
-        said, told = out, progress
-
-        def out(text: str) -> None:  # every fault is told as a line: count them there
-            said(text)
-            told(report.faults_injected, kills)
-    if pause and not pidns:
-        report.notes.append("the workers share one pid namespace: a paused worker is alive "
-                            "by SPEC 6 (its process exists), so its runs are never taken "
-                            "over; pauses test self-fencing only")
-    where = str(base / "journal")
-    server: _Server | None = None
-    if journal is not None:
-        report.journal = "postgresql"
-        report.database, where = fresh_database(journal)
-        (base / "journal.url").write_text(where + "\n")
-        report.notes.append(f"PostgreSQL: database {report.database} was created for this "
-                            "drill on the server of --journal, and kept (DROP DATABASE "
-                            f"{report.database} when done with it)")
-        restart: list[str] | str | None = restart_cmd
-        if restart is None and pgdata is not None:
-            restart = pg_restart_argv(pgdata)
-        if restart is None:
-            report.notes.append("no --pgdata or --pg-restart-cmd: the server was not "
-                                "restarted")
-        else:
-            server = _Server(where, restart, base / "pg-restarts.log")
-            report.restarts_planned = min(kills, max(1, kills // 50)
-                                          if restarts is None else restarts)
+    out = _counting(out, progress, report, kills)
     lines = _Lines(base / "ledger")
-    expected_lines = 3 * runs
 
     def next_fault(previous: int) -> int:
-        # The faults left, spread over the side effects left; counted from the previous
-        # fault's mark, so faults delayed (no worker up to take one) catch up.
-        left = max(kills - report.faults_injected, 1)
-        gap = max(1, int(0.8 * (expected_lines - lines()) / left))
-        return previous + rng.randint(1, 2 * gap - 1 if gap > 1 else 1)
+        return _next_fault(rng, report, kills, lines, 3 * runs, previous)
 
     trigger = next_fault(0)
-    tids = _TidBlocks() if journal is None else None
-    probe: _WriteLockProbe | _FlockProbe | None = None
-    if journal is not None:
-        with Runner(where, lease_s=lease_s, compress=compress):
-            pass  # the schema and the redaction key, before any worker
-        probe = _FlockProbe(Downstream(base / "ledger").lock)
-    elif pause:
-        # The probe first (on a journal made for it), so no worker's block holds its pid.
-        with Runner(base / "journal", lease_s=lease_s, compress=compress):
-            pass
-        lmdb_probe = _WriteLockProbe(base / "journal", Downstream(base / "ledger").lock)
-        probe = lmdb_probe
-        assert tids is not None
-        tids.avoid.add(lmdb_probe.proc.pid // _TidBlocks.SIZE)
     procs: dict[int, _Life] = {}
     lives: list[_Life] = []
     lingering: set[int] = set()  # slots given a last, lingering worker
@@ -1036,8 +1004,8 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                 if not queue:
                     lingering.add(slot)
                 life = _spawn(base, len(lives) + 1, slot, piece, seed, concurrency,
-                              lease_s, pidns, tids, None if journal is None else where,
-                              compress)
+                              lease_s, report.pid_namespaces, tids,
+                              None if journal is None else where, compress)
                 lives.append(life)
                 procs[slot] = life
             for life in procs.values():
@@ -1073,13 +1041,7 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
                                   list(procs.values())):
                             trigger = next_fault(trigger)
                     elif life.proc.poll() is None:
-                        life.killed_at = time.time()
-                        life.signal(signal.SIGKILL)
-                        _fault(base, "kill", life, life.killed_at)
-                        report.crashes_injected += 1
-                        report.faults_injected += 1
-                        out(f"  kill {report.faults_injected}/{kills}: {life.name} "
-                            f"(pid {life.proc.pid})")
+                        _kill(base, life, report, kills, out)
                         if life.piece:
                             queue.insert(0, life.piece)
                         lingering.discard(life.slot)
@@ -1099,35 +1061,145 @@ def run_drill(base: Path, runs: int, kills: int, seed: int, workers: int = 2,
             raise RuntimeError(server.error)
         report.server_down_s = round(sum(b - a for a, b in server.down), 3)
     report.worker_lives = len(lives)
-    # The person: take over what is left (leases must run out first), resolve what needs
-    # review from the ledger, then resume, until done. Both, again and again: a resume can
-    # end needs_review once more, and the person's own runner can fence itself (a lease
-    # renewal late on a loaded machine) and leave a run open, to be recovered like any other.
-    tools = drill_tools(base / "ledger", "person")
     with Runner(where, lease_s=lease_s, compress=compress) as runner:
-        give_up = time.monotonic() + 10 + 4 * lease_s
-        while True:
-            for r in runner.recover():
-                _append_line(base / "recovered.jsonl", json.dumps({
-                    "run_id": r.run_id, "by": "person", "unresolved": [
-                        [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}))
-                runner.resume(r.run_id, drill_model(seed), tools)
-            keys = {k for k, _ in ledger(base / "ledger")}
-            waiting = [i for i in run_ids if runner.state(i).status == "needs_review"]
-            for run_id in waiting:
-                for action in runner.state(run_id).open_actions:
-                    outcome = "succeeded" if action.idempotency_key in keys else "failed"
-                    runner.resolve(run_id, action.execution_id, outcome, note="ledger checked",
-                                   by="drill")
-                runner.resume(run_id, drill_model(seed), tools)
-            settled = not waiting and next(iter(runner.journal.open_runs()), None) is None
-            if settled or time.monotonic() > give_up:
-                break
-            if not waiting:
-                time.sleep(lease_s / 4)
+        settle(runner, base, run_ids, drill_model(seed), drill_tools(base / "ledger", "person"))
         _check(runner, base, run_ids, report, lives, [] if server is None else server.down)
     report.elapsed_s = round(time.monotonic() - started, 2)
     return report
+
+
+def settle(runner: Any, base: Path, run_ids: list[str], model: Any, tools: list[Tool],
+           decide: Callable[[str], None] | None = None) -> None:
+    """The person at the end: take over what is left (leases must run out first), resolve
+    what needs review from the ledger (and with ``decide``, decide the calls of runs that
+    wait for approval), then resume, until done. Again and again: a resume can end
+    needs_review (or awaiting_approval) once more, and the person's own runner can fence
+    itself (a lease renewal late on a loaded machine) and leave a run open, to be recovered
+    like any other."""
+    stops = ("needs_review", "awaiting_approval") if decide else ("needs_review",)
+    give_up = time.monotonic() + 10 + 4 * runner.lease_s
+    while True:
+        for r in runner.recover():
+            _append_line(base / "recovered.jsonl", json.dumps({
+                "run_id": r.run_id, "by": "person", "unresolved": [
+                    [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}))
+            runner.resume(r.run_id, model, tools)
+        keys = {k for k, _ in ledger(base / "ledger")}
+        waiting = [i for i in run_ids if runner.state(i).status in stops]
+        for run_id in waiting:
+            if decide is not None and runner.state(run_id).status == "awaiting_approval":
+                decide(run_id)
+            for action in runner.state(run_id).open_actions:
+                outcome = "succeeded" if action.idempotency_key in keys else "failed"
+                runner.resolve(run_id, action.execution_id, outcome, note="ledger checked",
+                               by="drill")
+            runner.resume(run_id, model, tools)
+        settled = not waiting and next(iter(runner.journal.open_runs()), None) is None
+        if settled or time.monotonic() > give_up:
+            break
+        if not waiting:
+            time.sleep(runner.lease_s / 4)
+
+
+def _kill(base: Path, life: _Life, report: DrillReport, kills: int,
+          out: Callable[[str], None]) -> None:
+    """SIGKILL ``life``, and count it."""
+    life.killed_at = time.time()
+    life.signal(signal.SIGKILL)
+    _fault(base, "kill", life, life.killed_at)
+    report.crashes_injected += 1
+    report.faults_injected += 1
+    out(f"  kill {report.faults_injected}/{kills}: {life.name} (pid {life.proc.pid})")
+
+
+class _Rig(NamedTuple):
+    """What a drill runs on: its report, the journal every worker opens (a directory or a
+    URL), the PostgreSQL server it restarts, its lock probe and its thread-id blocks."""
+
+    report: DrillReport
+    where: str
+    server: _Server | None
+    probe: _WriteLockProbe | _FlockProbe | None
+    tids: _TidBlocks | None
+
+
+def _prepare(base: Path, report: DrillReport, kills: int, pause: bool, pidns: bool | None,
+             journal: str | None, pgdata: str | os.PathLike[str] | None = None,
+             restart_cmd: str | None = None, restarts: int | None = None) -> _Rig:
+    """Check the settings and set a drill up in ``base``: its journal (a fresh database on
+    PostgreSQL), and the lock probe the pauses need; ``report`` gets the settings."""
+    from boundloop.journal.postgres import is_url
+    from boundloop.runner import Runner
+
+    base.mkdir(parents=True, exist_ok=True)
+    if journal is not None and not is_url(journal):
+        raise ValueError(f"journal must be a postgresql:// URL, got {journal!r} (the LMDB "
+                         "drill keeps its journal in its directory)")
+    if journal is None and (pgdata is not None or restart_cmd is not None):
+        raise ValueError("a server restart needs a PostgreSQL journal (a postgresql:// URL)")
+    report.pid_namespaces = pause and can_unshare() if pidns is None else pidns
+    report.unowned_bound_s = round(report.lease_s * 1.5 + SLACK_S, 3)
+    if pause and not report.pid_namespaces:
+        report.notes.append("the workers share one pid namespace: a paused worker is alive "
+                            "by SPEC 6 (its process exists), so its runs are never taken "
+                            "over; pauses test self-fencing only")
+    where = str(base / "journal")
+    server: _Server | None = None
+    if journal is not None:
+        report.journal = "postgresql"
+        report.database, where = fresh_database(journal)
+        (base / "journal.url").write_text(where + "\n")
+        report.notes.append(f"PostgreSQL: database {report.database} was created for this "
+                            "drill on the server of --journal, and kept (DROP DATABASE "
+                            f"{report.database} when done with it)")
+        restart: list[str] | str | None = restart_cmd
+        if restart is None and pgdata is not None:
+            restart = pg_restart_argv(pgdata)
+        if restart is None:
+            report.notes.append("no --pgdata or --pg-restart-cmd: the server was not "
+                                "restarted")
+        else:
+            server = _Server(where, restart, base / "pg-restarts.log")
+            report.restarts_planned = min(kills, max(1, kills // 50)
+                                          if restarts is None else restarts)
+    tids = _TidBlocks() if journal is None else None
+    probe: _WriteLockProbe | _FlockProbe | None = None
+    if journal is not None:
+        with Runner(where, lease_s=report.lease_s, compress=report.compress):
+            pass  # the schema and the redaction key, before any worker
+        probe = _FlockProbe(Downstream(base / "ledger").lock)
+    elif pause:
+        # The probe first (on a journal made for it), so no worker's block holds its pid.
+        with Runner(base / "journal", lease_s=report.lease_s, compress=report.compress):
+            pass
+        lmdb_probe = _WriteLockProbe(base / "journal", Downstream(base / "ledger").lock)
+        probe = lmdb_probe
+        assert tids is not None
+        tids.avoid.add(lmdb_probe.proc.pid // _TidBlocks.SIZE)
+    return _Rig(report, where, server, probe, tids)
+
+
+def _counting(out: Callable[[str], None], progress: Callable[[int, int | None], None] | None,
+              report: DrillReport, kills: int) -> Callable[[str], None]:
+    """``out``, also telling ``progress`` how many faults are injected with each line."""
+    if progress is None:
+        return out
+
+    def told(text: str) -> None:  # every fault is told as a line: count them there
+        out(text)
+        progress(report.faults_injected, kills)
+
+    return told
+
+
+def _next_fault(rng: random.Random, report: DrillReport, kills: int, lines: _Lines,
+                expected_lines: int, previous: int) -> int:
+    """The ledger line at which the next fault is due: the faults left spread over the side
+    effects left, counted from the previous fault's mark, so faults delayed (no worker up
+    to take one) catch up."""
+    left = max(kills - report.faults_injected, 1)
+    gap = max(1, int(0.8 * (expected_lines - lines()) / left))
+    return previous + rng.randint(1, 2 * gap - 1 if gap > 1 else 1)
 
 
 def _fault(base: Path, kind: str, life: _Life, at: float) -> None:
@@ -1274,6 +1346,9 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
         claims: list[tuple[int, float]] = []
         dispatched: dict[tuple[str, int], float] = {}  # (key, epoch): its last dispatch
         previous = 0
+        # A queued run (enqueued, or queued again once its approvals were decided) waits
+        # for any worker: its claim is no takeover (the owner before it is "").
+        queued = False
         for epoch, owner, e in segments:
             epoch_owner.setdefault(epoch, owner)
             if isinstance(e, ev.CallDispatched) and e.execution_id in state.calls:
@@ -1283,9 +1358,12 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
                     report.epoch_gaps += 1
                 claims.append((epoch, e.ts))
                 takeovers.append(_takeover(report, unowned, life_of, runner.owner,
-                                           epoch_owner.get(epoch - 1, ""), e, down))
+                                           "" if queued else epoch_owner.get(epoch - 1, ""),
+                                           e, down))
             if isinstance(e, ev.RunAdmitted | ev.OwnerClaimed):
                 previous = epoch
+            queued = isinstance(e, ev.RunRequeued) or queued and not isinstance(
+                e, ev.OwnerClaimed) or isinstance(e, ev.RunAdmitted) and e.queued
             if isinstance(e, ev.RunFinished):
                 finished_by.setdefault(run_id, []).append(
                     (owner, e.status, e.tool_calls, e.model_steps))
@@ -1358,6 +1436,10 @@ def _takeover(report: DrillReport, unowned: list[float], life_of: dict[str, _Lif
     """Count a takeover, and how long the run had nobody to drive it before it."""
     record: dict[str, Any] = {"run_id": claim.run_id, "epoch": claim.epoch, "at": claim.ts,
                               "by": claim.owner, "from": previous}
+    if not claim.owner:
+        return {**record, "cause": "release"}  # its turn ended awaiting approval: nobody's
+    if not previous:
+        return {**record, "cause": "queue"}  # a queued run, taken by a worker (or the person)
     if claim.owner == person:
         report.takeovers_at_end += 1
         return {**record, "cause": "review"}
@@ -1448,7 +1530,7 @@ def _masked(url: str) -> str:
 def command(runs: int, kills: int, seed: int, workers: int = 2, pause: bool = False,
             lease_s: float = 1.0, pidns: bool | None = None, journal: str | None = None,
             pgdata: str | None = None, restart_cmd: str | None = None,
-            restarts: int | None = None, compress: bool = False) -> str:
+            restarts: int | None = None, compress: bool = False, queue: bool = False) -> str:
     """The ``boundloop drill`` command line of these settings."""
     import shlex
 
@@ -1459,7 +1541,7 @@ def command(runs: int, kills: int, seed: int, workers: int = 2, pause: bool = Fa
         + (f" --pgdata {shlex.quote(str(pgdata))}" if pgdata else "") \
         + (f" --pg-restart-cmd {shlex.quote(restart_cmd)}" if restart_cmd else "") \
         + (f" --pg-restarts {restarts}" if restarts is not None else "") \
-        + (" --compress" if compress else "")
+        + (" --compress" if compress else "") + (" --queue" if queue else "")
     return f"boundloop drill --runs {runs} --kills {kills} --seed {seed}{extra}"
 
 
