@@ -415,8 +415,9 @@ class SupervisorActor(Actor):
                     "the journal was closed; the model was not called"))
             case InvokeModel() if not self._leased(run):
                 self._advance(run_id, run, None, LeaseLost(
-                    "this runner's lease ran out (was the process paused?): it fenced itself "
-                    "and did not call the model; another runner may take the run over"))
+                    "this runner stopped starting work (it is shutting down, or its lease ran "
+                    "out: was the process paused?) and did not call the model; another runner "
+                    "may take the run over"))
             case InvokeModel(model=model, history=history, ctx=ctx):
                 # The step's chat span is current in the model call (a provider SDK's spans
                 # nest under it).

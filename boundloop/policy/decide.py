@@ -583,9 +583,10 @@ def round_ended(state: RunState, *, review: list[str], skipped: list[str], cance
         return events, None
     if "lease" in skipped:
         return events, Stop("journal_unavailable",
-                            detail="This runner's lease ran out during the batch (was the "
-                                   "process paused?); it fenced itself and started nothing "
-                                   "more. Another runner may take the run over.")
+                            detail="This runner stopped starting work during the batch (it "
+                                   "is shutting down, or its lease ran out: was the process "
+                                   "paused?); it started nothing more. Another runner may "
+                                   "take the run over.")
     if "journal" in skipped:
         return events, Stop("journal_unavailable",
                             detail="The journal became unavailable during the batch; calls "
