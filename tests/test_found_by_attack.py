@@ -388,8 +388,8 @@ def test_a_self_fenced_run_counts_only_the_model_calls_made_and_says_why_plainly
         result = runner.run(model=model, tools=[_echo()], prompt="p")
     assert calls == [1]
     assert result.status == "journal_unavailable" and result.model_steps == 1
-    assert result.explanation.startswith("This runner's lease ran out")
-    assert "fenced itself" in result.explanation and "journal could not" not in \
+    assert result.explanation.startswith("This runner stopped starting work")
+    assert "lease ran out" in result.explanation and "journal could not" not in \
         result.explanation
     assert result.explanation.endswith(".")
 
