@@ -51,6 +51,13 @@ class Fleet:
         self.log_of[proc.pid] = path
         return proc
 
+    def owning(self) -> list[subprocess.Popen[str]]:
+        """The workers that own an open run at this moment."""
+        with open_journal(self.journal, readonly=True) as j:
+            owners = {i.owner for i in j.open_infos() if i.owner}
+            pids = {rec.pid for o, rec in j.owners().items() if o in owners}
+        return [p for p in self.procs if p.pid in pids]
+
     def ready(self, proc: subprocess.Popen[str]) -> bool:
         """True once the worker serves (its SIGTERM handler is in place)."""
         return "ready" in self.log_of[proc.pid].read_text()
@@ -62,6 +69,9 @@ class Fleet:
         # SIGTERM before a worker serves ends it as any process (no handler yet): sent only
         # to workers that serve.
         ready = [p for p in self.procs if self.ready(p)] if kind == "term" else self.procs
+        if kind == "kill":
+            # A worker that drives runs now, so a takeover follows (any, if none does).
+            ready = self.owning() or ready
         if not ready:
             return False
         proc = rng.choice(ready)
