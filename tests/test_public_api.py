@@ -192,6 +192,8 @@ MODULE_ALL: dict[str, set[str]] = {
     "boundloop.results": {"CompletedAction", "RunResult", "UnresolvedAction"},
     "boundloop.telemetry": {"Fanout", "OtelMetrics", "Projection", "Sink", "Telemetry"},
     "boundloop.testing": {"FaultyJournal", "JournalContract", "MODES"},
+    "boundloop.integrations": {"Guest", "GuestResult", "GuestTool", "OneRequest", "current_call",
+                               "render_output"},
     "boundloop.tools": {"ApprovalRule", "ArgumentError", "RetryPolicy", "Tool", "ToolContext",
                         "ToolLike", "tool"},
 }
