@@ -688,6 +688,10 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
                                          if tl.agent_version else ""))
     if tl.labels:
         out.line("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(tl.labels.items())))
+    if tl.tool_caps:
+        # Accepted calls of each capped tool (nested runs' included) against its cap.
+        out.line("tool caps: " + ", ".join(f"{name} {tl.tool_counts.get(name, 0)}/{cap}"
+                                           for name, cap in sorted(tl.tool_caps.items())))
     if tl.parent_run_id:
         out.line(f"parent run: {tl.parent_run_id}")
     if tl.awaiting:

@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import inspect
 import threading
+from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
@@ -40,9 +41,11 @@ from boundloop.policy.budget import (
     LedgerReply,
     Price,
     Usage,
+    add_counts,
     default_reservation,
     priced,
     remaining,
+    sub_counts,
     within_tree,
 )
 from boundloop.policy.decide import Attempt as Attempt
@@ -121,6 +124,9 @@ class ParentLink(msgspec.Struct):
     loop: asyncio.AbstractEventLoop | None = None
     #: The run's scrubber: a child starts knowing every secret its parent redacted.
     scrubber: Scrubber | None = None
+    #: The run's accepted calls by tool, and its per-tool caps (tool name -> max_calls).
+    tool_counts: dict[str, int] = msgspec.field(default_factory=dict)
+    tool_caps: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Dispatch(msgspec.Struct):
@@ -174,6 +180,10 @@ class Ledger(msgspec.Struct):
     tool_calls: int = 0
     usage: Usage | None = None
     close: bool = False
+    #: Own calls by tool since the last time (part of ``tool_calls``), and the calls of
+    #: the batch to reserve by tool (part of ``reserve``), for per-tool caps.
+    tools: dict[str, int] = msgspec.field(default_factory=dict)
+    reserve_tools: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class CallUser(msgspec.Struct):
@@ -358,6 +368,15 @@ class Driver:
         self.ledger_open = spec.parent_run_id is not None and spec.resume is None
         self.charged: tuple[int, Usage] = (0, Usage())
         self.snapshot: tuple[int, Usage] = (0, Usage())
+        # The same, by tool (per-tool caps travel up the tree as tool_calls do).
+        self.charged_tools: dict[str, int] = {}
+        self.snapshot_tools: dict[str, int] = {}
+        #: The run's per-tool caps (``bl.tool(max_calls=N)``): tool name -> N.
+        self.caps = {name: t.max_calls for name, t in spec.tools.items()
+                     if t.max_calls is not None}
+        #: A nested run's last reservation: the calls of the batch's capped tools the run
+        #: tree granted, and the ancestors' caps that bound them.
+        self.tree_tools: tuple[dict[str, int], dict[str, int]] | None = None
         self.current = self.budget
         self.sized = (0, 2)  # messages measured, compact JSON bytes of the list "[...]"
         # Per call: attempts whose outcome is recorded, and calls an attempt of which may
@@ -503,7 +522,8 @@ class Driver:
                          tools=sorted(spec.tools), owner=owner,
                          parent_run_id=spec.parent_run_id, parent_step=spec.parent_step,
                          parent_execution_id=spec.parent_execution_id, agent=spec.agent,
-                         agent_version=spec.agent_version, labels=spec.labels, queued=queued)
+                         agent_version=spec.agent_version, labels=spec.labels, queued=queued,
+                         tool_caps=self.caps)
 
     def run(self) -> Generator[Effect, Any, RunResult]:
         spec = self.spec
@@ -671,28 +691,37 @@ class Driver:
         spend at the moment, the base of its ledger should a child start."""
         st = self.state
         self.snapshot = (st.tool_calls - st.child_tool_calls, st.usage - st.child_usage)
+        self.snapshot_tools = sub_counts(st.tool_counts, st.child_tool_counts)
         return ParentLink(self.spec.run_id, step, self.current, st.tool_calls, st.usage,
                           self.deadline, self.spec.cancel, self.spec.children, self.spec.loop,
-                          self.scrubber)
+                          self.scrubber, dict(st.tool_counts), dict(self.caps))
 
-    def settle_ledger(self, reserve: int = 0,
-                      close: bool = False) -> Generator[Effect, Any, LedgerReply | None]:
+    def settle_ledger(self, reserve: int = 0, close: bool = False,
+                      reserve_tools: dict[str, int] | None = None,
+                      ) -> Generator[Effect, Any, LedgerReply | None]:
         """Charge own spend to the run tree, fold what descendants spent, and (for a child)
-        reserve ``reserve`` tool calls against every ancestor at once."""
+        reserve ``reserve`` tool calls (``reserve_tools`` of them by tool, for per-tool
+        caps) against every ancestor at once."""
         spec, st = self.spec, self.state
         if not self.ledger_open:
             if not spec.children.is_set():
                 return None
             self.ledger_open = True
             self.charged = self.snapshot
+            self.charged_tools = self.snapshot_tools
         own_calls = st.tool_calls - st.child_tool_calls
         own_usage = st.usage - st.child_usage
+        own_tools = sub_counts(st.tool_counts, st.child_tool_counts)
         calls, usage = own_calls - self.charged[0], own_usage - self.charged[1]
-        reply: LedgerReply = yield Ledger(spec.run_id, reserve, max(calls, 0), usage, close)
+        reply: LedgerReply = yield Ledger(spec.run_id, reserve, max(calls, 0), usage, close,
+                                          sub_counts(own_tools, self.charged_tools),
+                                          reserve_tools or {})
         self.charged = (own_calls + (reserve if reply.granted else 0), own_usage)
+        self.charged_tools = add_counts(own_tools, reserve_tools or {}) if reply.granted \
+            else own_tools
         for child in reply.children:
             self.emit(ev.ChildCharged, child_run_id=child.child_run_id,
-                      tool_calls=child.tool_calls, usage=child.usage)
+                      tool_calls=child.tool_calls, usage=child.usage, tools=child.tools)
         return reply
 
     def finish(self, stop: decide.Stop) -> Generator[Effect, Any, RunResult]:
@@ -831,11 +860,16 @@ class Driver:
                                   was_final_only=was_final_only)
         if stop is not None:
             return stop
+        self.tree_tools = None
         if self.ledger_open and spec.parent_run_id is not None:
-            tree = yield from self.settle_ledger(reserve=len(parsed.calls))
+            by_tool = Counter(call.name for call in parsed.calls)
+            tree = yield from self.settle_ledger(reserve=len(parsed.calls),
+                                                 reserve_tools=dict(by_tool))
             if tree is not None and not tree.granted:
                 return decide.Stop("limit_exceeded", "tool_calls",
                                    "The parent run has too few tool calls left for the batch.")
+            if tree is not None:
+                self.tree_tools = (tree.tools_granted, tree.tool_caps)
         return (yield from self.calls(step, parsed, ctx))
 
     def decide_calls(self, batch: CallTools, ctx: ModelContext) -> Generator[
@@ -848,10 +882,15 @@ class Driver:
         # can change the recorded call.
         calls = [msgspec.msgpack.decode(msgspec.msgpack.encode(c), type=ToolCall)
                  for c in batch.calls]
+        granted, tree_caps = self.tree_tools or (None, None)
+        capped = decide.cap_denials([c.name for c in calls], self.caps,
+                                    self.state.tool_counts, granted=granted,
+                                    tree_caps=tree_caps)
         verdicts: list[Any] = [None] * len(calls)
         if spec.permit is not None:
+            # A call its tool's cap denies is not put to the permission check.
             asked = [(i, c, spec.tools[c.name]) for i, c in enumerate(calls)
-                     if c.name in spec.tools
+                     if c.name in spec.tools and not capped[i]
                      and (spec.read_only is False or spec.tools[c.name].read_only)]
             check = _apermits if is_async(spec.permit) else _permits
             answers = yield CallUser(check, (spec.permit, [(c, t) for _, c, t in asked],
@@ -864,7 +903,7 @@ class Driver:
             for (i, _, _), verdict in zip(asked, got, strict=True):
                 verdicts[i] = verdict
         out = []
-        for call, verdict in zip(calls, verdicts, strict=True):
+        for call, verdict, cap in zip(calls, verdicts, capped, strict=True):
             tool = spec.tools.get(call.name)
             kwargs: dict[str, Any] = {}
             invalid = None
@@ -876,7 +915,8 @@ class Driver:
             decision, reason = decide.call_decision(
                 call.name, spec.tools, tool_read_only=bool(tool and tool.read_only),
                 read_only_runner=spec.read_only, verdict=verdict, invalid=invalid,
-                deadline_passed=self.deadline_passed(), cancelled=spec.cancel.cancelled)
+                deadline_passed=self.deadline_passed(), cancelled=spec.cancel.cancelled,
+                capped=cap)
             out.append((decision, reason, kwargs if decision in ("allow", "skipped") else {},
                         False))
         return (yield from self.approvals(calls, out, ctx))

@@ -972,7 +972,8 @@ class Runner:
         asked = budget if budget is not None else Budget()
         if not isinstance(asked, Budget):
             raise ConfigError(f"budget must be a bl.Budget, got {asked!r}")
-        self._budget.tell(Open(link.run_id, None, link.budget, link.tool_calls, link.usage))
+        self._budget.tell(Open(link.run_id, None, link.budget, link.tool_calls, link.usage,
+                               link.tool_caps, link.tool_counts))
         left = self._budget.ask(Left(link.run_id), block=True)
         deadline_left = None if link.deadline is None else \
             max(link.deadline - self.clock.monotonic(), 0.0)
@@ -988,7 +989,8 @@ class Runner:
                           parent_execution_id=execution_id, parent_deadline=link.deadline,
                           loop=link.loop, scrubber=Scrubber(self._journal.secret_key,
                                                             inherit=link.scrubber))
-        self._budget.tell(Open(spec.run_id, link.run_id, carved))
+        self._budget.tell(Open(spec.run_id, link.run_id, carved, caps={
+            name: t.max_calls for name, t in spec.tools.items() if t.max_calls is not None}))
         link.children.set()
         try:
             # A sync handler waiting here holds a pool thread: the pool adds one meanwhile,

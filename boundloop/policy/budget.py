@@ -279,6 +279,8 @@ class ChildSpend(msgspec.Struct, frozen=True):
     child_run_id: str
     tool_calls: int
     usage: Usage
+    #: The calls among ``tool_calls`` by tool name (for per-tool caps).
+    tools: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class LedgerReply(msgspec.Struct, frozen=True):
@@ -288,6 +290,25 @@ class LedgerReply(msgspec.Struct, frozen=True):
     granted: bool
     children: list[ChildSpend]
     left: TreeLeft
+    #: For each tool of the reservation that an ancestor caps (``bl.tool(max_calls=N)``):
+    #: how many of the batch's calls of it may run (the others are denied) ...
+    tools_granted: dict[str, int] = msgspec.field(default_factory=dict)
+    #: ... and the cap that binds (the ancestor's N), for the denial's reason.
+    tool_caps: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Per-tool call counts ``a`` plus ``b`` (a new dict)."""
+    out = dict(a)
+    for name, n in b.items():
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def sub_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Per-tool call counts ``a`` less ``b``, without the tools left at 0 or below."""
+    out = {name: n - b.get(name, 0) for name, n in a.items()}
+    return {name: n for name, n in out.items() if n > 0}
 
 
 def within_tree(budget: Budget, tool_calls: int, usage: Usage, left: TreeLeft) -> Budget:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, TypedDict
 
 import msgspec
@@ -231,10 +231,45 @@ def check_batch(state: RunState, budget: Budget, calls: CallTools, *,
     return None
 
 
+def cap_denials(names: list[str], caps: Mapping[str, int], counts: Mapping[str, int], *,
+                granted: Mapping[str, int] | None = None,
+                tree_caps: Mapping[str, int] | None = None) -> list[str]:
+    """Per-tool caps (``bl.tool(max_calls=N)``), for the calls of one batch in the model's
+    order: the reason each call is denied for its tool's cap, or ``""``.
+
+    Every call of a tool counts, whatever its decision (as ``tool_calls`` counts calls): a
+    call is denied once the run's count of its tool (``counts``, nested runs' included)
+    plus the earlier calls of it in the batch reach the run's cap (``caps``), or, in a
+    nested run, once the batch's earlier calls of it reach what the run tree ``granted``
+    (the budget authority's answer: what every ancestor's cap has left, ``tree_caps``
+    naming the cap that binds).
+    """
+    seen: dict[str, int] = {}
+    out: list[str] = []
+    for name in names:
+        before = seen.get(name, 0)
+        seen[name] = before + 1
+        cap = caps.get(name)
+        if cap is not None and counts.get(name, 0) + before >= cap:
+            out.append(f"tool {name!r} reached its cap of {cap} call{'' if cap == 1 else 's'} "
+                       f"in this run (max_calls={cap})")
+        elif granted is not None and name in granted and before >= granted[name]:
+            bound = (tree_caps or {}).get(name)
+            what = f"max_calls={bound}" if bound is not None else "max_calls"
+            out.append(f"tool {name!r} reached its cap in an enclosing run ({what}, shared "
+                       "with the runs nested in it)")
+        else:
+            out.append("")
+    return out
+
+
 def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
                   read_only_runner: bool, verdict: Any, invalid: str | None,
-                  deadline_passed: bool, cancelled: bool) -> tuple[Decision, str]:
-    """SPEC 5.9, one call, in order: unknown tool, permission, arguments, deadline.
+                  deadline_passed: bool, cancelled: bool,
+                  capped: str = "") -> tuple[Decision, str]:
+    """SPEC 5.9, one call, in order: unknown tool, the read-only runner, the tool's cap
+    (``capped``: the reason from ``cap_denials``, or ``""``), permission, arguments,
+    deadline.
 
     ``verdict`` is what ``permit`` returned (True allows; a non-empty string is the reason
     to deny; an exception it raised denies), or None when there is no ``permit``.
@@ -246,6 +281,8 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
         return "unknown_tool", f"no tool named {name!r} (tools: {tools})"
     if read_only_runner and not tool_read_only:
         return "denied", f"this runner is read-only and tool {name!r} is not marked read_only"
+    if capped:
+        return "denied", capped
     if isinstance(verdict, BaseException):
         return "denied", f"the permission check raised {describe_exception(verdict)}"
     if verdict is not None and verdict is not True:
