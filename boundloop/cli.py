@@ -385,7 +385,10 @@ def _secs(value: float | None) -> str:
 
 def _tokens(usage: Any) -> str:
     text = f"{usage.total_tokens} tok"
-    return text if usage.cost is None else f"{text}, cost {money(usage.cost)}"
+    text = text if usage.cost is None else f"{text}, cost {money(usage.cost)}"
+    unpriced = getattr(usage, "unpriced_steps", 0)
+    # A cost that leaves steps out says so (price="auto": a model the catalogue lacks).
+    return f"{text} (partial: {unpriced} unpriced)" if unpriced else text
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)

@@ -83,6 +83,9 @@ class UsageCharged(Event, frozen=True, tag="usage.charged"):
     step: int
     usage: Usage
     estimated: bool = False
+    #: Why the step could not be priced, in a run priced by the catalogue (``""``: it
+    #: was, or the run is not); its ``usage.unpriced_steps`` is then 1.
+    unpriced: str = ""
 
 
 class CallDecided(Event, frozen=True, tag="call.decided"):

@@ -627,7 +627,8 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
             u = event.usage
             row.detail = (f"in {u.all_input_tokens} out {u.output_tokens}"
                           f"{'' if u.cost is None else f' cost {money(u.cost)}'}"
-                          f" ({'estimated' if event.estimated else 'reported'})")
+                          f" ({'estimated' if event.estimated else 'reported'})"
+                          + (f"; unpriced: {_short(event.unpriced)}" if event.unpriced else ""))
         case ev.NoticeAdded():
             row.detail = _short(event.text)
         case ev.CallDecided():

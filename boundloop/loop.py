@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from boundloop import events as ev
+from boundloop import pricing
 from boundloop.actors.workers import RunLoop, is_async
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
@@ -283,7 +284,11 @@ class RunSpec(msgspec.Struct, kw_only=True, weakref=True):
     lease_ok: Callable[[], bool] | None = None
     permit: Permit | None = None
     read_only: bool = False
-    price: Price | None = None
+    #: A price table, ``"auto"`` (the genai-prices catalogue, ``boundloop.pricing``), or None.
+    price: Price | str | None = None
+    #: What a run priced by the catalogue does with a step it cannot price: ``"fail"``
+    #: (a run with ``max_cost`` stops, fail closed) or ``"partial"`` (it goes on).
+    unpriced: str = "fail"
     estimator: Estimator | None = None
     parent_run_id: str | None = None
     parent_step: int | None = None
@@ -389,6 +394,9 @@ class Driver:
             Scrubber(spec.secret_key)
         #: True once the run's last commit gives up its ownership (awaiting approval).
         self.releasing = False
+        # Priced by the catalogue: the Runner's price="auto", or the model adapter's.
+        self.catalogue = pricing.prices_by_catalogue(spec.price, spec.model)
+        self.table = spec.price if isinstance(spec.price, Price) else None
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -776,7 +784,7 @@ class Driver:
         if spec.estimator is None:
             usage = default_reservation(self.history_bytes(),
                                         getattr(spec.model, "max_output_tokens", None))
-            return priced(usage, spec.price)
+            return self.priced_estimate(usage)
         reply = yield CallUser(spec.estimator, (copy_history(self.state.transcript),
                                                 spec.model), self.deadline, spec.cancel)
         if reply.abandoned is not None:
@@ -794,7 +802,14 @@ class Driver:
                 "returned something other than a bl.Usage or an int of input tokens " \
                 "(counts must be whole numbers >= 0)"
             raise EstimatorFailed(f"the runner's estimator {why}")
-        return priced(estimate, spec.price)
+        return self.priced_estimate(estimate)
+
+    def priced_estimate(self, usage: Usage) -> Usage:
+        """A reservation with its cost: by the price table, else by the catalogue for the
+        model the adapter asks for (left without one when the catalogue does not know it:
+        the reply prices the step)."""
+        usage = priced(usage, self.table)
+        return pricing.reservation_cost(usage, self.spec.model) if self.catalogue else usage
 
     def history_bytes(self) -> int:
         """Bytes of the history as compact JSON, kept up to date as it grows (encoding the
@@ -848,10 +863,14 @@ class Driver:
             self.pending = [e for e in self.pending if e is not started]
             raise
         error = None if reply.error is None else journal_safe(describe_exception(reply.error))
+        # The catalogue's price of the reply (an effect: the decider only reads it).
+        quote = pricing.quote(reply.response, spec.model) \
+            if self.catalogue and reply.error is None and reply.abandoned is None else None
         replied = decide.model_replied(
             st, budget, decide.Reply(reply.response, error, reply.latency_s, reply.abandoned),
-            reservation=reservation, cancelled=spec.cancel.cancelled, price=spec.price,
-            now=self.now(), deadline_passed=self.deadline_passed())
+            reservation=reservation, cancelled=spec.cancel.cancelled, price=self.table,
+            now=self.now(), deadline_passed=self.deadline_passed(), catalogue=self.catalogue,
+            quote=quote, unpriced=spec.unpriced)
         self.take(replied.events)
         if replied.batch is None:
             return replied.stop

@@ -37,7 +37,9 @@ class Usage(msgspec.Struct, frozen=True):
 
     ``input_tokens`` counts input neither written to nor read from a cache; all input is
     ``input_tokens + cache_write_tokens + cache_read_tokens``. ``cost`` is set when a price
-    table is given or the model reports it.
+    table is given or the model reports it. ``unpriced_steps`` counts the model steps a run
+    priced by the catalogue (``price="auto"``) could not price: when it is above 0, ``cost``
+    leaves them out (it is partial).
     """
 
     input_tokens: NonNegInt = 0
@@ -45,6 +47,7 @@ class Usage(msgspec.Struct, frozen=True):
     cache_write_tokens: NonNegInt = 0
     cache_read_tokens: NonNegInt = 0
     cost: NonNegFloat | None = None
+    unpriced_steps: NonNegInt = 0
 
     @property
     def all_input_tokens(self) -> int:
@@ -65,6 +68,7 @@ class Usage(msgspec.Struct, frozen=True):
             self.cache_write_tokens + other.cache_write_tokens,
             self.cache_read_tokens + other.cache_read_tokens,
             cost,
+            self.unpriced_steps + other.unpriced_steps,
         )
 
     def __sub__(self, other: Usage) -> Usage:
@@ -76,6 +80,7 @@ class Usage(msgspec.Struct, frozen=True):
             max(0, self.cache_write_tokens - other.cache_write_tokens),
             max(0, self.cache_read_tokens - other.cache_read_tokens),
             cost,
+            max(0, self.unpriced_steps - other.unpriced_steps),
         )
 
 
@@ -96,6 +101,15 @@ class Price(msgspec.Struct, frozen=True):
                     + usage.output_tokens * self.output_per_mtok
                     + usage.cache_write_tokens * cw + usage.cache_read_tokens * cr)
         return per_mtok / 1_000_000
+
+
+class Quote(msgspec.Struct, frozen=True):
+    """What the price catalogue said of one step's usage (``price="auto"``): its ``cost``,
+    or None with ``why`` it could not be priced. The lookup is an effect, made outside
+    policy; the decider only reads its answer."""
+
+    cost: float | None = None
+    why: str = ""
 
 
 def priced(usage: Usage, price: Price | None) -> Usage:

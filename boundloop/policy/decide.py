@@ -10,7 +10,7 @@ import msgspec
 
 from boundloop import events as ev
 from boundloop.messages import CallTools, Final, Malformed, Response, ToolCall
-from boundloop.policy.budget import Budget, Price, Usage, exceeded, priced
+from boundloop.policy.budget import Budget, Price, Quote, Usage, exceeded, priced
 from boundloop.policy.kinds import Decision
 from boundloop.policy.redact import (
     arguments_not_kept,
@@ -477,9 +477,49 @@ def start_step(state: RunState, budget: Budget, reservation: Usage,
                                reservation=reservation)
 
 
+def _charged(usage: Usage, price: Price | None, catalogue: bool,
+             quote: Quote | None) -> tuple[Usage, str]:
+    """A step's usage as charged (priced by ``price``, else by the catalogue's ``quote``
+    when the run is priced by the catalogue), and why it is unpriced (``""``: it is not)."""
+    charged = priced(usage, price)
+    if charged.unpriced_steps:  # only the decider says a step is unpriced
+        charged = msgspec.structs.replace(charged, unpriced_steps=0)
+    if not catalogue or charged.cost is not None:
+        return charged, ""
+    if quote is not None and quote.cost is not None:
+        return msgspec.structs.replace(charged, cost=quote.cost), ""
+    why = quote.why if quote is not None else \
+        "the model reported no usage, and its estimate could not be priced"
+    return msgspec.structs.replace(charged, unpriced_steps=1), why
+
+
+def unpriced_stop(budget: Budget, step: int, why: str, unpriced: str,
+                  what: str) -> Stop | None:
+    """A run priced by the catalogue met a step it cannot price (``why``): with
+    ``unpriced="fail"`` and a ``max_cost`` to enforce, it ends ``limit_exceeded(cost)``
+    (fail closed: a cost limit never silently stops covering); else it goes on, its cost
+    partial (``Usage.unpriced_steps``)."""
+    if not why or unpriced != "fail" or budget.max_cost is None:
+        return None
+    return Stop("limit_exceeded", "cost", plain=True, detail=(
+        f"The run stopped because its cost limit (max_cost={budget.max_cost}) cannot be "
+        f"enforced: model step {step} could not be priced ({why}); {what} "
+        "(unpriced='fail')."))
+
+
+def partial_cost_sentence(usage: Usage) -> str:
+    """What a run whose cost leaves out steps it could not price says of it."""
+    n = usage.unpriced_steps
+    if n <= 0:
+        return ""
+    steps = "one model step" if n == 1 else f"{n} model steps"
+    return f"Its cost is partial: {steps} could not be priced."
+
+
 def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation: Usage,
                   cancelled: bool, price: Price | None, now: Now,
-                  deadline_passed: bool = False) -> Replied:
+                  deadline_passed: bool = False, catalogue: bool = False,
+                  quote: Quote | None = None, unpriced: str = "fail") -> Replied:
     """SPEC 5 steps 3 to 7, for the step ``state.model_steps`` (already started).
 
     In order: the deadline wall abandoned the call (its reservation stands, estimated),
@@ -489,16 +529,27 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
     notice while ``malformed_retries`` remain);
     else the reported usage replaces the reservation (6), a final response is accepted
     (7), and a token or cost limit now exceeded keeps any call from being dispatched (6).
+
+    A run priced by the catalogue (``catalogue``; ``quote`` is the catalogue's answer for
+    the reported usage) marks a step it cannot price (``Usage.unpriced_steps``, and the
+    reason in ``UsageCharged.unpriced``); ``unpriced`` says what then happens
+    (``unpriced_stop``). A final response is still accepted, as in (6).
     """
     step, stamp = state.model_steps, now.stamp()
 
+    def charge(reported: Usage | None) -> tuple[ev.UsageCharged, str]:
+        charged, why = _charged(reservation if reported is None else reported, price,
+                                catalogue, None if reported is None else quote)
+        return ev.UsageCharged(**stamp, step=step, usage=charged, estimated=reported is None,
+                               unpriced=why), why
+
     def failed(reason: str, detail: str, stop: Stop | None,
                reported: Usage | None = None) -> Replied:
-        charge = ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True) \
-            if reported is None else ev.UsageCharged(**stamp, step=step,
-                                                     usage=priced(reported, price))
+        charged, why = charge(reported)
+        if stop is None:
+            stop = unpriced_stop(budget, step, why, unpriced, "the run did not go on")
         return Replied([ev.ModelStepFailed(**stamp, step=step, reason=reason, detail=detail,
-                                           latency_s=reply.latency_s), charge], stop)
+                                           latency_s=reply.latency_s), charged], stop)
 
     if reply.abandoned == "deadline":
         return failed("deadline", "the model ran on past the deadline and was abandoned",
@@ -527,18 +578,19 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
     events: list[ev.Event] = [ev.ModelStepCompleted(**stamp, step=step, response=parsed,
                                                     latency_s=reply.latency_s)]
     usage = state.usage
+    charged, why = charge(parsed.usage)
+    events.append(charged)
     if parsed.usage is not None:
-        charged = priced(parsed.usage, price)
-        events.append(ev.UsageCharged(**stamp, step=step, usage=charged))
-        usage = usage - reservation + charged
-    else:
-        events.append(ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True))
+        usage = usage - reservation + charged.usage
     if isinstance(parsed, Final):
         return Replied(events, Stop("final"))
     limit = exceeded(budget, usage)
     if limit is not None:
         return Replied(events, Stop("limit_exceeded", limit,
                                     "No call of the last response was dispatched."))
+    stop = unpriced_stop(budget, step, why, unpriced, "no call of it was dispatched")
+    if stop is not None:
+        return Replied(events, stop)
     return Replied(events, batch=parsed)
 
 
@@ -640,9 +692,11 @@ def run_finished(state: RunState, stop: Stop, budget: Budget, *, cancel_reason: 
     if stop.status == "cancelled" and cancel_reason:
         stop = msgspec.structs.replace(stop, detail=journal_safe(
             f"Reason: {cancel_reason}. {stop.detail}".strip()))
+    explanation = explain(stop, budget, len(state.unresolved))
+    partial = partial_cost_sentence(state.usage)
     return ev.RunFinished(run_id=now.run_id, ts=now.ts, elapsed_s=now.elapsed_s,
                           status=stop.status, exhausted_limit=stop.limit,
-                          explanation=explain(stop, budget, len(state.unresolved)),
+                          explanation=f"{explanation} {partial}" if partial else explanation,
                           model_steps=state.model_steps,
                           tool_calls=state.tool_calls, usage=state.usage)
 

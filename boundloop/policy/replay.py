@@ -380,6 +380,8 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             _check_step(state, event, event.step)
             if not event.estimated:
                 state.usage = state.usage - (state.reservation or Usage()) + event.usage
+            elif event.usage.unpriced_steps:  # the estimate stands, and it has no price
+                state.usage = state.usage + Usage(unpriced_steps=event.usage.unpriced_steps)
             state.reservation = None
         case ev.ChildCharged():
             state.tool_calls += event.tool_calls
