@@ -100,11 +100,10 @@ def catalogue_cost(usage: Usage, model: str | None, provider: str | None = None)
         calc = genai_prices.calc_price(counts, model, provider_id=provider)
     except LookupError:
         at = f" at provider {provider!r}" if provider else ""
-        return Quote(None, f"the price catalogue (genai-prices) has no price for model "
-                           f"{model[:80]!r}{at}")
+        return Quote(None, f"genai-prices has no price for model {model[:80]!r}{at}")
     except (ValueError, TypeError, ArithmeticError) as exc:
-        return Quote(None, f"the price catalogue could not price model {model[:80]!r} "
-                           f"({type(exc).__name__})")
+        return Quote(None, f"genai-prices could not price model {model[:80]!r}: "
+                           f"{type(exc).__name__}")
     return Quote(float(calc.total_price))
 
 

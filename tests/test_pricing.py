@@ -260,4 +260,4 @@ def test_show_says_the_cost_is_partial(journal_dir: Path) -> None:
     out = CliRunner().invoke(cli, ["--journal", str(journal_dir), "show", "r"])
     assert out.exit_code == 0, out.output
     assert "(partial: 3 unpriced)" in out.output
-    assert "unpriced: the price catalogue" in out.output
+    assert "unpriced: genai-prices has no price" in out.output
