@@ -704,6 +704,11 @@ class Driver:
                           self.deadline, self.spec.cancel, self.spec.children, self.spec.loop,
                           self.scrubber, dict(st.tool_counts), dict(self.caps))
 
+    def uncharged(self) -> bool:
+        """True when the run has own tool calls the run tree's ledger does not know yet."""
+        st = self.state
+        return st.tool_calls - st.child_tool_calls > self.charged[0]
+
     def settle_ledger(self, reserve: int = 0, close: bool = False,
                       reserve_tools: dict[str, int] | None = None,
                       ) -> Generator[Effect, Any, LedgerReply | None]:
@@ -808,6 +813,8 @@ class Driver:
         """A reservation with its cost: by the price table, else by the catalogue for the
         model the adapter asks for (left without one when the catalogue does not know it:
         the reply prices the step)."""
+        if usage.unpriced_steps:  # only the decider says a step is unpriced
+            usage = msgspec.structs.replace(usage, unpriced_steps=0)
         usage = priced(usage, self.table)
         return pricing.reservation_cost(usage, self.spec.model) if self.catalogue else usage
 
@@ -1008,6 +1015,11 @@ class Driver:
                                detail=f"The calls' decisions could not be recorded ({exc}); "
                                       "none was dispatched.")
         outcomes: list[Outcome] = []
+        if planned and self.ledger_open and self.uncharged():
+            # The run tree's ledger is open (a handler of this run started a child before):
+            # the batch's own calls count there before any child of it reserves, so that
+            # the children see them (SPEC 8; per-tool caps too).
+            yield from self.settle_ledger()
         if planned:
             allowance = self.current.max_tool_calls - st.tool_calls
             outcomes = yield Dispatch(planned, self.budget.max_parallel, self.deadline,

@@ -86,6 +86,10 @@ def test_calls_past_the_cap_are_denied_and_the_run_goes_on(runner: bl.Runner) ->
     denied = {e.execution_id for e in decided if e.decision == "denied"}
     assert not [e for e in events if isinstance(e, ev.CallDispatched)
                 and e.execution_id in denied]
+    # Step 2 (c runs, d is denied): both decisions come before c's dispatch.
+    at = {(type(e).__name__, getattr(e, "execution_id", "")): i for i, e in enumerate(events)}
+    run_id = result.run_id
+    assert at[("CallDecided", f"{run_id}:2:1")] < at[("CallDispatched", f"{run_id}:2:0")]
     assert isinstance(events[0], ev.RunAdmitted) and events[0].tool_caps == {"send": 3}
     state = bl.replay(events)
     assert state.tool_counts == {"send": 5} and state.tool_caps == {"send": 3}
@@ -289,3 +293,86 @@ def test_show_states_each_caps_count(journal_dir: Path) -> None:
     assert out.exit_code == 0, out.output
     assert "tool caps: send 4/3" in out.output
     assert "tools: send (max_calls=3)" in out.output
+
+
+def test_a_parents_own_calls_of_a_batch_count_before_its_children_reserve(
+        runner: bl.Runner) -> None:
+    effects: list[str] = []
+    send = capped_send(effects, cap=3)
+
+    @bl.tool
+    def delegate(ctx: bl.ToolContext) -> str:
+        child = bl.ScriptedModel([calls(f"{ctx.call_id}-k1", f"{ctx.call_id}-k2"),
+                                  bl.Final("done")])
+        result = ctx.run_child(model=child, tools=[send], prompt="go")
+        return ",".join(c.status for c in result.completed)
+
+    # Step 1 opens the run tree's ledger (a child). Step 2's own send is decided before
+    # its child reserves: the child must see it (1 + 1 + 1 = 3, the cap).
+    parent = bl.ScriptedModel([
+        calls("d1", name="delegate"),
+        bl.CallTools([bl.ToolCall("p1", "send", {}), bl.ToolCall("d2", "delegate", {})]),
+        bl.Final("done")])
+    result = runner.run(model=parent, tools=[send, delegate], prompt="go",
+                        budget=bl.Budget(max_parallel=1), run_id="parent")
+    assert result.status == "final"
+    assert len(effects) == 3, effects
+    state = bl.replay(runner.journal.events("parent"))
+    assert state.tool_counts["send"] == 5
+
+
+CRASH = '''
+import os, signal, sys
+import boundloop as bl
+
+ledger = sys.argv[2]
+
+@bl.tool(max_calls=2)
+def send(to: str, ctx: bl.ToolContext) -> str:
+    with open(ledger, "a") as f:
+        f.write(ctx.idempotency_key + "\\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if to == "bob":
+        os.kill(os.getpid(), signal.SIGKILL)  # dies right after the side effect
+    return "sent"
+
+model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("a", "send", {"to": "ann"})]),
+                          bl.CallTools([bl.ToolCall("b", "send", {"to": "bob"})])])
+with bl.Runner(sys.argv[1]) as runner:
+    runner.run(model=model, tools=[send], prompt="go", run_id="crashed")
+'''
+
+
+def test_a_run_killed_mid_call_resumes_with_its_count(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    journal, ledger = tmp_path / "j", tmp_path / "ledger"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", CRASH, str(journal), str(ledger)],
+                          env=env, timeout=60, capture_output=True, text=True)
+    assert proc.returncode == -9, proc.stderr
+    assert len(ledger.read_text().splitlines()) == 2
+
+    def took(key: str) -> str | None:
+        return "sent" if key in ledger.read_text().splitlines() else None
+
+    @bl.tool(max_calls=2, reconcile=took)
+    def send(to: str) -> str:
+        with open(ledger, "a") as f:
+            f.write("resumed\n")
+        return "sent"
+
+    with bl.Runner(journal) as runner:
+        [found] = runner.recover()
+        assert found.state.tool_counts == {"send": 2}
+        assert [u.call_id for u in found.unresolved] == ["b"]
+        model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c", "send", {"to": "cy"})]),
+                                  bl.Final("done")])
+        result = runner.resume("crashed", model=model, tools=[send])
+    assert result.status == "final"
+    assert [(c.call_id, c.status) for c in result.completed] == [
+        ("a", "ok"), ("b", "ok"), ("c", "denied")]
+    assert len(ledger.read_text().splitlines()) == 2  # c never ran
