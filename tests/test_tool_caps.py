@@ -376,3 +376,29 @@ def test_a_run_killed_mid_call_resumes_with_its_count(tmp_path: Path) -> None:
     assert [(c.call_id, c.status) for c in result.completed] == [
         ("a", "ok"), ("b", "ok"), ("c", "denied")]
     assert len(ledger.read_text().splitlines()) == 2  # c never ran
+
+
+def test_a_later_batchs_children_see_its_own_calls_in_max_tool_calls(
+        runner: bl.Runner) -> None:
+    ran: list[str] = []
+
+    @bl.tool
+    def ping(ctx: bl.ToolContext) -> str:
+        ran.append(ctx.call_id)
+        return "pong"
+
+    @bl.tool
+    def delegate(ctx: bl.ToolContext) -> str:
+        child = bl.ScriptedModel([calls(f"{ctx.call_id}-k", name="ping"), bl.Final("done")])
+        return ctx.run_child(model=child, tools=[ping], prompt="go").status
+
+    parent = bl.ScriptedModel([
+        calls("d1", name="delegate"),                       # 1 + its child's 1
+        bl.CallTools([bl.ToolCall("p1", "ping", {}), bl.ToolCall("p2", "ping", {}),
+                      bl.ToolCall("d2", "delegate", {})]),  # 2 + 3 = 5: nothing left
+        bl.Final("done")])
+    result = runner.run(model=parent, tools=[ping, delegate], prompt="go",
+                        budget=bl.Budget(max_tool_calls=5, max_parallel=1), run_id="parent")
+    assert result.tool_calls == 5 and "d2-k" not in ran
+    d2 = next(m.content for m in result.transcript if m.kind == "tool_result" and m.id == "d2")
+    assert d2 == "limit_exceeded"
