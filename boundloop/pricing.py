@@ -101,7 +101,7 @@ def catalogue_cost(usage: Usage, model: str | None, provider: str | None = None)
     except LookupError:
         at = f" at provider {provider!r}" if provider else ""
         return Quote(None, f"genai-prices has no price for model {model[:80]!r}{at}")
-    except (ValueError, TypeError, ArithmeticError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a catalogue that fails prices nothing
         return Quote(None, f"genai-prices could not price model {model[:80]!r}: "
                            f"{type(exc).__name__}")
     return Quote(float(calc.total_price))

@@ -261,3 +261,14 @@ def test_show_says_the_cost_is_partial(journal_dir: Path) -> None:
     assert out.exit_code == 0, out.output
     assert "(partial: 3 unpriced)" in out.output
     assert "unpriced: genai-prices has no price" in out.output
+
+
+def test_an_unpriced_malformed_step_ends_the_run_while_retries_remain(
+        runner_auto: bl.Runner) -> None:
+    bad = {"kind": "calls", "calls": [], "usage": {"input_tokens": 5, "output_tokens": 5},
+           "info": {"model": "zzz"}}
+    result = runner_auto.run(model=bl.ScriptedModel([bad, bl.Final("x")]), prompt="go",
+                             budget=bl.Budget(max_cost=1.0, malformed_retries=2))
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "cost")
+    assert "the run did not go on" in result.explanation
+    assert result.model_steps == 1

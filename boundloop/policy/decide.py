@@ -571,6 +571,8 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
         retries = budget.malformed_retries
         if retries is None or state.malformed + 1 <= retries:
             out = failed("malformed", parsed.reason, None, parsed.usage)
+            if out.stop is not None:  # a step it cannot price ends the run (unpriced_stop)
+                return out
             return Replied([*out.events, ev.NoticeAdded(
                 **stamp, text=NOTICE.format(reason=parsed.reason))])
         return failed("malformed", parsed.reason,
