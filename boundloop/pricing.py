@@ -1,6 +1,6 @@
 """Prices from a maintained catalogue: ``price="auto"`` (the ``boundloop[prices]`` extra).
 
-A run priced by the catalogue asks `genai-prices <https://github.com/pydantic/genai-prices>`_
+A run priced by the catalogue asks [genai-prices](https://github.com/pydantic/genai-prices)
 what each model step cost, for the model the response reports (``bl.ResponseInfo.model``,
 which the provider adapters fill in; else the model the adapter was asked for) and the
 adapter's provider, with cache reads and cache writes at the catalogue's own prices. The
