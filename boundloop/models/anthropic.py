@@ -79,6 +79,17 @@ from boundloop.models._common import (
     status_of,
     transient_status,
 )
+from boundloop.models._stream import (
+    Cut,
+    OnText,
+    StreamMeter,
+    apump,
+    cancelled_reason,
+    capped_max_tokens,
+    check_on_text,
+    pump,
+    stream_transient,
+)
 from boundloop.policy.budget import Price, Usage
 from boundloop.tools import RetryPolicy
 
@@ -125,6 +136,15 @@ class AnthropicModel:
             None: they end the step as a model error.
         cache: mark the system prompt, the last tool and the last user block for prompt
             caching.
+        stream: use the streaming Messages API (``messages.stream``): the same response,
+            assembled from the stream's events; text deltas go to ``on_text`` as they come,
+            and the stream is cut once the turn has said more than the run has left of its
+            output (or total) tokens, or the run is cancelled, or its deadline passes
+            (see the module doc).
+        on_text: with ``stream=True``, ``on_text(delta, ctx)`` gets each piece of text
+            (``ctx`` is the step's ``bl.ModelContext``: ``run_id``, ``step``); with an
+            async client it may be ``async``. A ``bl.TextStream`` is one, for
+            ``async for``. If it raises, the step ends as a model error naming it.
         **extra: more arguments of ``messages.create`` (``temperature``, ``thinking``,
             ``metadata``, ``stop_sequences``, ``extra_headers``, ...). ``tools`` given here
             (e.g. server tools) are sent after the runner's; ``tool_choice`` is used on
@@ -148,6 +168,7 @@ class AnthropicModel:
     def __init__(self, client: Any, model: str, max_tokens: int = 1024,
                  system: str | list[dict[str, Any]] | None = None, price: Price | None = None,
                  retry: RetryPolicy | None = None, cache: bool = False,
+                 stream: bool = False, on_text: OnText | None = None,
                  **extra: Any) -> None:
         self._anthropic = _sdk()
         if not isinstance(model, str) or not model:
@@ -171,6 +192,13 @@ class AnthropicModel:
                               "cannot be given as an extra argument")
         if "tools" in extra and not isinstance(extra["tools"], list):
             raise ConfigError("AnthropicModel: extra `tools` must be a list of tool dicts")
+        if not isinstance(stream, bool):
+            raise ConfigError(f"AnthropicModel: stream must be True or False, got {stream!r}")
+        if on_text is not None and not stream:
+            raise ConfigError("AnthropicModel: on_text needs stream=True")
+        self.on_text = check_on_text(on_text, is_async=isinstance(self, AsyncAnthropicModel),
+                                     name="AnthropicModel")
+        self.stream = stream
         self.client = client
         # The SDK's own retries would not know the run's deadline: the adapter retries.
         with_options = getattr(client, "with_options", None)
@@ -194,6 +222,8 @@ class AnthropicModel:
 
     def __call__(self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:
         kwargs, names = self.request(history, ctx)
+        if self.stream:
+            return self._streamed(kwargs, names, ctx)
         create = self._client.messages.create
 
         def send(timeout: float | None) -> Any:
@@ -201,7 +231,37 @@ class AnthropicModel:
 
         message = call_with_retry(send, retry=self.retry, deadline=ctx.deadline,
                                   transient=self.transient, cancel=ctx.cancel)
-        return self.response(message, names)
+        return self.response(message, names, max_tokens=kwargs["max_tokens"])
+
+    def _streamed(self, kwargs: dict[str, Any], names: ToolNames, ctx: ModelContext
+                  ) -> CallTools | Final | Malformed:
+        meter = StreamMeter(ctx, kwargs)
+        open_stream = self._client.messages.stream
+
+        def send(timeout: float | None) -> tuple[Cut | None, Any]:
+            meter.reset()
+            reader = _Reader(meter)
+            options = kwargs if timeout is None else {**kwargs, "timeout": timeout}
+            with open_stream(**options) as stream:
+                cut = pump(stream, reader.read, ctx, meter, self.on_text)
+                return cut, stream.current_message_snapshot if reader.started else None
+
+        cut, message = call_with_retry(
+            send, retry=self.retry, deadline=ctx.deadline,
+            transient=stream_transient(meter, self.transient), cancel=ctx.cancel)
+        return self.stream_result(cut, message, names, meter, kwargs)
+
+    def stream_result(self, cut: Cut | None, message: Any, names: ToolNames,
+                      meter: StreamMeter, kwargs: Mapping[str, Any]
+                      ) -> CallTools | Final | Malformed:
+        """The boundloop response for a stream that ended (``cut`` None: its accumulated
+        message, as :meth:`response` reads it), or was cut at the run's token limit (a
+        malformed turn with the usage counted so far) or by cancellation."""
+        if cut == "cancelled":
+            return malformed(cancelled_reason())
+        if cut == "limit":
+            return malformed(meter.cut_reason(), meter.usage(self.price))
+        return self.response(message, names, max_tokens=kwargs["max_tokens"])
 
     def transient(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a provider error worth retrying: a timeout or connection
@@ -220,7 +280,7 @@ class AnthropicModel:
         kwargs: dict[str, Any] = {k: v for k, v in self.extra.items()
                                   if k not in ("tools", "tool_choice")}
         kwargs["model"] = self.model
-        kwargs["max_tokens"] = self.max_tokens
+        kwargs["max_tokens"] = capped_max_tokens(self.max_tokens, ctx)
         system = self._system()
         if system is not None:
             kwargs["system"] = system
@@ -264,8 +324,10 @@ class AnthropicModel:
 
     # --- the response ------------------------------------------------------------------
 
-    def response(self, message: Any, names: ToolNames) -> CallTools | Final | Malformed:
-        """The boundloop response for an ``anthropic.types.Message``."""
+    def response(self, message: Any, names: ToolNames, *, max_tokens: int | None = None
+                 ) -> CallTools | Final | Malformed:
+        """The boundloop response for an ``anthropic.types.Message`` (``max_tokens``: the
+        output maximum the request sent, named by a ``max_tokens`` stop)."""
         usage = self.usage(getattr(message, "usage", None))
         blocks = list(getattr(message, "content", None) or [])
         stop = getattr(message, "stop_reason", None)
@@ -283,9 +345,9 @@ class AnthropicModel:
         if stop == "tool_use":
             return malformed("the model stopped to use a tool (stop reason `tool_use`) but "
                              "its response holds no tool_use block", usage)
-        return malformed(self._stop_reason(message, stop), usage)
+        return malformed(self._stop_reason(message, stop, max_tokens), usage)
 
-    def _stop_reason(self, message: Any, stop: Any) -> str:
+    def _stop_reason(self, message: Any, stop: Any, max_tokens: int | None = None) -> str:
         template = _STOPS.get(stop) if isinstance(stop, str) else None
         if template is None:
             shown = f"`{stop[:40]}`" if isinstance(stop, str) else "none"
@@ -293,7 +355,10 @@ class AnthropicModel:
                     "neither a final answer nor tool calls")
         category = getattr(getattr(message, "stop_details", None), "category", None)
         detail = f", category `{category}`" if isinstance(category, str) else ""
-        return template.format(max_tokens=self.max_tokens, detail=detail)
+        sent = self.max_tokens if max_tokens is None else max_tokens
+        limit = f"{sent}" if sent == self.max_tokens else \
+            f"{sent}, lowered to what the run had left of its output tokens"
+        return template.format(max_tokens=limit, detail=detail)
 
     def usage(self, reported: Any) -> Usage | None:
         """A bl.Usage for the Messages API's ``usage`` object (None when there is none)."""
@@ -315,6 +380,8 @@ class AsyncAnthropicModel(AnthropicModel):
     async def __call__(  # type: ignore[override]
             self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:
         kwargs, names = self.request(history, ctx)
+        if self.stream:
+            return await self._astreamed(kwargs, names, ctx)
         create = self._client.messages.create
 
         async def send(timeout: float | None) -> Any:
@@ -324,7 +391,60 @@ class AsyncAnthropicModel(AnthropicModel):
 
         message = await acall_with_retry(send, retry=self.retry, deadline=ctx.deadline,
                                          transient=self.transient, cancel=ctx.cancel)
-        return self.response(message, names)
+        return self.response(message, names, max_tokens=kwargs["max_tokens"])
+
+    async def _astreamed(self, kwargs: dict[str, Any], names: ToolNames, ctx: ModelContext
+                         ) -> CallTools | Final | Malformed:
+        meter = StreamMeter(ctx, kwargs)
+        open_stream = self._client.messages.stream
+
+        async def send(timeout: float | None) -> tuple[Cut | None, Any]:
+            meter.reset()
+            reader = _Reader(meter)
+            options = kwargs if timeout is None else {**kwargs, "timeout": timeout}
+            async with open_stream(**options) as stream:
+                cut = await apump(stream, reader.read, ctx, meter, self.on_text)
+                return cut, stream.current_message_snapshot if reader.started else None
+
+        cut, message = await acall_with_retry(
+            send, retry=self.retry, deadline=ctx.deadline,
+            transient=stream_transient(meter, self.transient), cancel=ctx.cancel)
+        return self.stream_result(cut, message, names, meter, kwargs)
+
+
+class _Reader:
+    """Reads the events of one ``messages.stream``: counts their output on the meter, takes
+    the input the provider reports at ``message_start``, and returns each text delta."""
+
+    def __init__(self, meter: StreamMeter) -> None:
+        self.meter = meter
+        self.started = False
+
+    def read(self, event: Any) -> str | None:
+        kind = getattr(event, "type", None)
+        meter = self.meter
+        if kind == "message_start":
+            self.started = True
+            usage = getattr(getattr(event, "message", None), "usage", None)
+            if usage is not None:
+                meter.input_reported = make_usage(
+                    getattr(usage, "input_tokens", 0), 0,
+                    getattr(usage, "cache_creation_input_tokens", 0),
+                    getattr(usage, "cache_read_input_tokens", 0))
+        elif kind == "content_block_delta":
+            delta = getattr(event, "delta", None)
+            delta_kind = getattr(delta, "type", None)
+            if delta_kind == "text_delta":
+                text = str(getattr(delta, "text", "") or "")
+                meter.count(text)
+                return text
+            if delta_kind == "input_json_delta":
+                meter.count(str(getattr(delta, "partial_json", "") or ""))
+            elif delta_kind == "thinking_delta":
+                meter.count(str(getattr(delta, "thinking", "") or ""))
+        elif kind == "message_delta":
+            meter.report(getattr(getattr(event, "usage", None), "output_tokens", None))
+        return None
 
 
 # --- conversions (module level, so tests can call them directly) ---------------------------

@@ -480,6 +480,14 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
                       Stop("cancelled", detail="The model's last response was discarded."))
     parsed = parse_response(reply.response)
     if isinstance(parsed, Malformed):
+        over = None if parsed.usage is None else exceeded(
+            budget, state.usage - reservation + priced(parsed.usage, price))
+        if over is not None:
+            # The usage it reports puts the run over a token or cost limit (a streamed turn
+            # cut at the run's limit, a length stop): step 6 ends the run, retries or not.
+            return failed("malformed", parsed.reason, Stop(
+                "limit_exceeded", over, f"The model's last turn was not usable "
+                f"({parsed.reason.rstrip('.')})."), parsed.usage)
         retries = budget.malformed_retries
         if retries is None or state.malformed + 1 <= retries:
             out = failed("malformed", parsed.reason, None, parsed.usage)
