@@ -375,6 +375,15 @@ def responses_sse(response: dict[str, Any], *, chunk: int = 8) -> list[SSE]:
     return events
 
 
+def sse_bytes(events: list[SSE]) -> bytes:
+    """``events`` as one ``text/event-stream`` body (for a canned reply sent at once)."""
+    out = []
+    for name, data in events:
+        text = data if isinstance(data, str) else json.dumps(data)
+        out.append((f"event: {name}\n" if name else "") + f"data: {text}\n\n")
+    return "".join(out).encode()
+
+
 def fake_provider() -> Iterator[FakeProvider]:
     """For a pytest fixture: ``yield from fake_provider()`` starts one and stops it after."""
     fake = FakeProvider().start()

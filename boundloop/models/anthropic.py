@@ -48,6 +48,23 @@ Errors: timeouts, connection errors, 408/409/429 and 5xx (529 overloaded include
 step ends ``model_error``) unless ``retry`` is given, in which case they are retried within
 the step after ``Retry-After``/``retry-after-ms`` (else the policy's backoff), never past
 ``ctx.deadline``. Other API errors (400, 401, ...) always raise.
+
+The output maximum sent is ``max_tokens``, or one token past what the run has left of its
+output tokens (``ctx.remaining.output_tokens``) when that is less: a turn that would overrun
+the run's budget is stopped by the API just past it, and the run ends ``limit_exceeded``.
+
+Streaming (``stream=True``): the request goes through ``messages.stream`` and the response is
+the one above, read from the stream's accumulated message (thinking blocks and signatures,
+tool input JSON joined from its deltas, the usage of ``message_delta``). Each text delta is
+given to ``on_text(delta, ctx)`` as it comes. The output is counted as it streams (the
+``message_delta`` running count where given, else 4 characters a token of text, tool input
+and thinking); once the turn has said more than the run has left of its output tokens (or of
+its total tokens, less the input ``message_start`` reports), the stream is closed, cutting the
+HTTP request, and the turn is returned as ``bl.Malformed`` with the usage so far: the runner
+charges it and ends the run ``limit_exceeded``. Cancelling the run cuts the stream (the run
+ends ``cancelled``), and so does its deadline (``limit_exceeded(deadline)``). A stream that
+fails before any text was delivered is retried like a request; after, it is not. If
+``on_text`` raises, the step ends as a model error naming it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ model = OpenAIChatModel(client=openai.OpenAI(), model="gpt-4.1", max_tokens=1024
 model = OpenAIResponsesModel(client=openai.AsyncOpenAI(), model="o4-mini")   # async def model
 ```
 
-Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None, **extra)``:
+Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None,
+stream=False, on_text=None, **extra)``:
 
 - ``client``: ``openai.OpenAI`` (a sync model) or ``openai.AsyncOpenAI`` (the model is an
   ``async def`` callable, run on the caller's event loop by ``runner.arun``). The adapter uses
@@ -20,6 +21,8 @@ Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None
   deadline; ``retry`` replaces them.
 - ``max_tokens``: sent as ``max_completion_tokens`` (Chat) / ``max_output_tokens``
   (Responses), and declared as the model's ``max_output_tokens`` for the runner's reservation.
+  When the run has less left of its output tokens, one token past that is sent instead (at
+  least 16 for Responses, its minimum), so the provider stops a turn just past the run's limit.
 - ``system``: a ``system`` message first (Chat) / ``instructions`` (Responses).
 - ``price``: a ``bl.Price``; each step's usage then carries its cost.
 - ``retry``: a ``bl.RetryPolicy``. Without it, a provider error (timeout, connection error,
@@ -29,6 +32,22 @@ Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None
   else ``retry.delay(attempt)``; a delay that would not end before ``ctx.deadline``, or a
   ``Retry-After`` above 60 s, is not taken (the error is raised). Cancelling the run ends a
   delay early.
+- ``stream``: use the streaming API (``create(stream=True)``; Chat adds
+  ``stream_options={"include_usage": True}``). The response is the one the plain call gives:
+  Chat chunks are joined (text, refusal, tool calls by index with their argument deltas, the
+  finish reason, the last chunk's usage); Responses takes the response of its
+  ``response.completed`` (or ``.incomplete`` / ``.failed``) event; a stream that ends without
+  it raises. The output is counted as it streams (4 characters a token of text, arguments,
+  refusals and reasoning), and once the turn has said more than the run has left of its
+  output tokens (or of its total tokens, less the request's input estimated at 4 bytes of
+  its JSON a token), the stream is closed (the HTTP request is cut) and the turn is returned
+  as ``bl.Malformed`` with that usage, which ends the run ``limit_exceeded``. Cancelling the
+  run or its deadline cut the stream too. A stream that fails before any text was delivered
+  is retried like a request (with ``retry``); after, it is not.
+- ``on_text``: with ``stream=True``, ``on_text(delta, ctx)`` gets each piece of text as it
+  comes (``ctx``: the step's ``bl.ModelContext``); with ``AsyncOpenAI`` it may be ``async``.
+  A ``bl.TextStream`` is one, to read with ``async for``. If it raises, the step ends as a
+  model error naming it.
 - ``**extra``: passed to ``create`` as they are (``temperature``, ``reasoning=...``,
   ``extra_headers=...``, ...). The arguments the adapter builds (``model``, the messages or
   input, ``tools``, ``tool_choice``, the token maximum, ``timeout``, ``stream``, and for
