@@ -805,3 +805,22 @@ def test_an_async_stream_that_stalls_is_cut_at_the_deadline(tmp_path: Path,
     assert (result.status, result.exhausted_limit) == ("limit_exceeded", "deadline")
     assert time.monotonic() - started < 1.5 and seen == [LONG[:400]]
     assert log.done.wait(5) and log.aborted and log.sent < log.total
+
+
+def test_streamed_tool_input_that_is_not_json_is_malformed(tmp_path: Path, fake: FakeProvider,
+                                                          client: Any,
+                                                          tools: tuple[bl.Tool, bl.Tool]
+                                                          ) -> None:
+    events = streamed(message([text("Looking."),
+                               tool_use("toolu_01", "get_weather", {"city": "Paris"})],
+                              "tool_use"))
+    for _, data in events:  # the provider sends input that is not JSON
+        if data.get("delta", {}).get("type") == "input_json_delta":
+            data["delta"]["partial_json"] = data["delta"]["partial_json"].replace('"P', "P")
+    fake.stream(events)
+    model = AnthropicModel(client, MODEL, stream=True)
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, tools=list(tools), prompt="Paris?")
+        journal_of(runner, result)
+    assert result.status == "malformed_response" and result.tool_calls == 0
+    assert "call 1 (`get_weather`) has arguments that are not valid JSON" in result.explanation

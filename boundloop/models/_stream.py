@@ -331,7 +331,10 @@ async def apump(events: AsyncIterator[E], read: Callable[[E], str | None],
     cancelled: asyncio.Future[None] = loop.create_future()
 
     def wake() -> None:
-        loop.call_soon_threadsafe(_settle, cancelled)
+        try:
+            loop.call_soon_threadsafe(_settle, cancelled)
+        except RuntimeError:  # the loop closed: nobody waits any more
+            pass
 
     stop = ctx.cancel.on_cancel(wake)
     try:

@@ -255,25 +255,33 @@ class AnthropicModel:
         meter = StreamMeter(ctx, kwargs)
         open_stream = self._client.messages.stream
 
-        def send(timeout: float | None) -> tuple[Cut | None, Any]:
+        def send(timeout: float | None) -> tuple[Cut | None, Any, _Reader]:
             meter.reset()
             reader = _Reader(meter)
             options = kwargs if timeout is None else {**kwargs, "timeout": timeout}
             with open_stream(**options) as stream:
-                cut = pump(stream, reader.read, ctx, meter, self.on_text)
-                return cut, stream.current_message_snapshot if reader.started else None
+                try:
+                    cut = pump(stream, reader.read, ctx, meter, self.on_text)
+                except ValueError as exc:
+                    reader.failed(exc)
+                    return None, None, reader
+                return cut, stream.current_message_snapshot if reader.started else None, reader
 
-        cut, message = call_with_retry(
+        cut, message, reader = call_with_retry(
             send, retry=self.retry, deadline=ctx.deadline,
             transient=stream_transient(meter, self.transient), cancel=ctx.cancel)
-        return self.stream_result(cut, message, names, meter, kwargs)
+        return self.stream_result(cut, message, names, meter, kwargs, reader.bad_input)
 
     def stream_result(self, cut: Cut | None, message: Any, names: ToolNames,
-                      meter: StreamMeter, kwargs: Mapping[str, Any]
-                      ) -> CallTools | Final | Malformed:
+                      meter: StreamMeter, kwargs: Mapping[str, Any],
+                      bad_input: str | None = None) -> CallTools | Final | Malformed:
         """The boundloop response for a stream that ended (``cut`` None: its accumulated
         message, as :meth:`response` reads it), or was cut at the run's token limit (a
-        malformed turn with the usage counted so far) or by cancellation."""
+        malformed turn with the usage counted so far) or by cancellation, or stopped at tool
+        input that is not JSON (``bad_input``: a malformed turn saying so; its reservation
+        stands)."""
+        if bad_input is not None:
+            return malformed(bad_input)
         if cut == "cancelled":
             return malformed(cancelled_reason())
         if cut == "limit":
@@ -415,18 +423,22 @@ class AsyncAnthropicModel(AnthropicModel):
         meter = StreamMeter(ctx, kwargs)
         open_stream = self._client.messages.stream
 
-        async def send(timeout: float | None) -> tuple[Cut | None, Any]:
+        async def send(timeout: float | None) -> tuple[Cut | None, Any, _Reader]:
             meter.reset()
             reader = _Reader(meter)
             options = kwargs if timeout is None else {**kwargs, "timeout": timeout}
             async with open_stream(**options) as stream:
-                cut = await apump(stream, reader.read, ctx, meter, self.on_text)
-                return cut, stream.current_message_snapshot if reader.started else None
+                try:
+                    cut = await apump(stream, reader.read, ctx, meter, self.on_text)
+                except ValueError as exc:
+                    reader.failed(exc)
+                    return None, None, reader
+                return cut, stream.current_message_snapshot if reader.started else None, reader
 
-        cut, message = await acall_with_retry(
+        cut, message, reader = await acall_with_retry(
             send, retry=self.retry, deadline=ctx.deadline,
             transient=stream_transient(meter, self.transient), cancel=ctx.cancel)
-        return self.stream_result(cut, message, names, meter, kwargs)
+        return self.stream_result(cut, message, names, meter, kwargs, reader.bad_input)
 
 
 class _Reader:
@@ -436,11 +448,31 @@ class _Reader:
     def __init__(self, meter: StreamMeter) -> None:
         self.meter = meter
         self.started = False
+        self.tools = 0
+        self.tool: str | None = None
+        #: Why the stream stopped at tool input that is not JSON (the SDK's accumulator
+        #: refuses it), if it did.
+        self.bad_input: str | None = None
+
+    def failed(self, exc: ValueError) -> None:
+        """The stream raised ``exc``: tool input that is not JSON (then say which call), or
+        anything else (raised again)."""
+        if self.tool is None or "tool parameter JSON" not in str(exc):
+            raise exc
+        cause = exc.__cause__
+        why = str(cause) if cause is not None else "it does not parse"
+        self.bad_input = (f"call {self.tools} (`{self.tool}`) has arguments that are not "
+                          f"valid JSON ({why[:200]})")
 
     def read(self, event: Any) -> str | None:
         kind = getattr(event, "type", None)
         meter = self.meter
-        if kind == "message_start":
+        if kind == "content_block_start":
+            block = getattr(event, "content_block", None)
+            if getattr(block, "type", None) == "tool_use":
+                self.tools += 1
+                self.tool = str(getattr(block, "name", "") or "")
+        elif kind == "message_start":
             self.started = True
             usage = getattr(getattr(event, "message", None), "usage", None)
             if usage is not None:
