@@ -741,7 +741,7 @@ def test_chat_stream_is_cut_at_the_runs_output_limit(fake: FakeProvider, client:
         events = list(runner.journal.events(result.run_id))
     assert (result.status, result.exhausted_limit) == ("limit_exceeded", "output_tokens")
     assert json_body(fake.requests[0])["max_completion_tokens"] == 51
-    assert log.done.wait(5) and log.aborted and log.sent < log.total // 2
+    assert log.done.wait(5) and log.aborted and log.sent < log.total
     charge = [e for e in events if type(e).__name__ == "UsageCharged"]
     assert len(charge) == 1 and not charge[0].estimated
     # No usage chunk came: the input is estimated from the request's size.

@@ -305,7 +305,8 @@ class AnthropicModel:
         kwargs: dict[str, Any] = {k: v for k, v in self.extra.items()
                                   if k not in ("tools", "tool_choice")}
         kwargs["model"] = self.model
-        kwargs["max_tokens"] = capped_max_tokens(self.max_tokens, ctx)
+        kwargs["max_tokens"] = capped_max_tokens(self.max_tokens, ctx,
+                                                 floor=self._thinking_budget() + 1)
         system = self._system()
         if system is not None:
             kwargs["system"] = system
@@ -324,6 +325,13 @@ class AnthropicModel:
             _mark_last_user_block(messages)
         kwargs["messages"] = messages
         return kwargs, names
+
+    def _thinking_budget(self) -> int:
+        """The ``budget_tokens`` of extended thinking, if enabled (the API wants
+        ``max_tokens`` above it), else 0."""
+        thinking = self.extra.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
+        return budget if isinstance(budget, int) and not isinstance(budget, bool) else 0
 
     def _system(self) -> str | list[dict[str, Any]] | None:
         if self.system is None:
