@@ -831,3 +831,20 @@ def test_streamed_tool_input_that_is_not_json_is_malformed(tmp_path: Path, fake:
         journal_of(runner, result)
     assert result.status == "malformed_response" and result.tool_calls == 0
     assert "call 1 (`get_weather`) has arguments that are not valid JSON" in result.explanation
+
+
+def test_a_priced_stream_is_cut_at_the_runs_cost_limit(tmp_path: Path, fake: FakeProvider,
+                                                       client: Any) -> None:
+    log = fake.stream(streamed(message([text(LONG)], "end_turn", input_tokens=100)),
+                      gap_s=0.002)
+    model = AnthropicModel(client, MODEL, price=PRICE, stream=True)
+    # 100 input tokens cost 0.0003; the rest buys about 50 output tokens at 15 per million.
+    budget = bl.Budget(max_cost=0.0003 + 50 * 15 / 1e6)
+    with bl.Runner(tmp_path / "j", estimator=lambda h, m: SMALL_RESERVATION) as runner:
+        result = runner.run(model=model, prompt="go", budget=budget)
+        journal_of(runner, result)
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "cost")
+    assert "output tokens its cost limit left were spent" in result.explanation
+    assert result.usage.cost is not None and result.usage.cost > budget.max_cost
+    assert 49 < result.usage.output_tokens <= 53
+    assert log.done.wait(5) and log.aborted

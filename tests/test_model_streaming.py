@@ -149,3 +149,15 @@ def test_a_length_stop_over_the_cost_limit_is_the_cost_limit(tmp_path: Path,
         result = runner.run(model=bl.ScriptedModel([over]), prompt="go",
                             budget=bl.Budget(max_cost=1.0, malformed_retries=retries))
     assert (result.status, result.exhausted_limit) == ("limit_exceeded", "cost")
+
+
+def test_a_priced_meter_leaves_room_for_what_the_cost_limit_buys() -> None:
+    price = bl.Price(input_per_mtok=1.0, output_per_mtok=10.0)
+    meter = StreamMeter(ctx(bl.Remaining(5, 5, cost=0.0011)), {}, price)
+    meter.input_reported = bl.Usage(input_tokens=100)  # 0.0001 paid: 0.001 buys 100 out
+    assert meter.rooms() == {"cost": 100}
+    meter.count("x" * 404)
+    assert meter.spent() and "the 100 output tokens its cost limit left" in meter.cut_reason()
+    assert meter.usage(price).cost == pytest.approx(0.0001 + 101 * 10 / 1e6)
+    unpriced = StreamMeter(ctx(bl.Remaining(5, 5, cost=0.0011)), {})
+    assert unpriced.room() is None and not unpriced.bounded

@@ -162,16 +162,22 @@ class TextCallbackError(RuntimeError):
 class StreamMeter:
     """The output tokens a streamed turn has used, and how many the run lets it use.
 
-    ``room`` is the fewest of: the run's remaining output tokens, and its remaining total
-    tokens less the step's input (as the provider reported it when the stream started, else
-    estimated from the request's size). ``spent`` is True once the output counted is above
-    the room: the loop will then find a token limit exceeded by the usage of the cut turn.
+    ``room`` is the fewest of: the run's remaining output tokens; its remaining total tokens
+    less the step's input (as the provider reported it when the stream started, else
+    estimated from the request's size); and, with a ``price`` that charges output, the
+    output tokens its remaining cost buys once the input is paid. ``spent`` is True once
+    the output counted is above the room: the loop will then find that limit exceeded by
+    the usage of the cut turn.
     """
 
-    def __init__(self, ctx: ModelContext, request: Mapping[str, Any]) -> None:
+    def __init__(self, ctx: ModelContext, request: Mapping[str, Any],
+                 price: Price | None = None) -> None:
         remaining = ctx.remaining
         self.output_left: int | None = remaining.output_tokens
         self.total_left: int | None = remaining.total_tokens
+        self.cost_left: float | None = remaining.cost if price is not None and \
+            price.output_per_mtok > 0 else None
+        self.price = price
         self._request = request
         self._input_estimate: int | None = None
         #: All input the provider reported when the stream started (Anthropic), else None.
@@ -184,8 +190,9 @@ class StreamMeter:
 
     @property
     def bounded(self) -> bool:
-        """Whether the run has any output or total token limit at all."""
-        return self.output_left is not None or self.total_left is not None
+        """Whether the run has any output, total token or (priced) cost limit at all."""
+        return self.output_left is not None or self.total_left is not None or \
+            self.cost_left is not None
 
     def input_estimate(self) -> int:
         """The step's input, estimated as ⌈bytes of the request as JSON / 4⌉."""
@@ -224,14 +231,24 @@ class StreamMeter:
                 (self.chars - self._chars_at_report) / CHARS_PER_TOKEN)
         return math.ceil(self.chars / CHARS_PER_TOKEN)
 
+    def rooms(self) -> dict[str, int]:
+        """The output tokens each bounded limit lets this turn use, by the limit's name
+        (``output_tokens``, ``total_tokens``, ``cost``)."""
+        rooms: dict[str, int] = {}
+        if self.output_left is not None:
+            rooms["output_tokens"] = self.output_left
+        if self.total_left is not None:
+            rooms["total_tokens"] = self.total_left - self.input_tokens()
+        if self.cost_left is not None and self.price is not None:
+            paid = self.price.cost(self._input_usage())
+            per_token = self.price.output_per_mtok / 1_000_000
+            rooms["cost"] = math.floor((self.cost_left - paid) / per_token)
+        return rooms
+
     def room(self) -> int | None:
         """The output tokens the run lets this turn use; None when unbounded."""
-        rooms = []
-        if self.output_left is not None:
-            rooms.append(self.output_left)
-        if self.total_left is not None:
-            rooms.append(self.total_left - self.input_tokens())
-        return min(rooms) if rooms else None
+        rooms = self.rooms()
+        return min(rooms.values()) if rooms else None
 
     def spent(self) -> bool:
         """Whether the turn has said more than the run lets it."""
@@ -240,22 +257,29 @@ class StreamMeter:
         room = self.room()
         return room is not None and self.output_tokens() > room
 
+    def _input_usage(self) -> Usage:
+        return self.input_reported if self.input_reported is not None else \
+            Usage(input_tokens=self.input_estimate())
+
     def usage(self, price: Price | None) -> Usage:
         """The cut turn's usage: the input as reported (else estimated) and the output
-        counted so far."""
-        base = self.input_reported if self.input_reported is not None else \
-            Usage(input_tokens=self.input_estimate())
-        return priced(msgspec.structs.replace(base, output_tokens=self.output_tokens(),
+        counted so far, priced by ``price``."""
+        return priced(msgspec.structs.replace(self._input_usage(),
+                                              output_tokens=self.output_tokens(),
                                               cost=None), price)
 
     def cut_reason(self) -> str:
-        """The malformed reason of a turn cut at the run's token limit."""
-        room = self.room()
+        """The malformed reason of a turn cut at the run's limit, naming the limit."""
+        rooms = self.rooms()
+        limit = min(rooms, key=lambda name: rooms[name]) if rooms else "output_tokens"
+        room = max(rooms.get(limit, 0), 0)
+        what = {"output_tokens": f"the run's remaining output tokens ({room})",
+                "total_tokens": f"the {room} output tokens its total-token limit left",
+                "cost": f"the {room} output tokens its cost limit left"}[limit]
         how = "as the provider counted them" if self.output_reported is not None else \
             f"estimated at {CHARS_PER_TOKEN} characters a token"
-        return (f"the model's output was cut while it streamed: the run's remaining output "
-                f"tokens ({max(room or 0, 0)}) were spent (about {self.output_tokens()} "
-                f"tokens streamed, {how})")
+        return (f"the model's output was cut while it streamed: {what} were spent (about "
+                f"{self.output_tokens()} tokens streamed, {how})")
 
 
 def capped_max_tokens(declared: int, ctx: ModelContext, *, floor: int = 1) -> int:

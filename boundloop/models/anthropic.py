@@ -59,9 +59,10 @@ tool input JSON joined from its deltas, the usage of ``message_delta``). Each te
 given to ``on_text(delta, ctx)`` as it comes. The output is counted as it streams (the
 ``message_delta`` running count where given, else 4 characters a token of text, tool input
 and thinking); once the turn has said more than the run has left of its output tokens (or of
-its total tokens, less the input ``message_start`` reports), the stream is closed, cutting the
-HTTP request, and the turn is returned as ``bl.Malformed`` with the usage so far: the runner
-charges it and ends the run ``limit_exceeded``. Cancelling the run cuts the stream (the run
+its total tokens, less the input ``message_start`` reports; or than its remaining cost buys,
+with a ``price``), the stream is closed, cutting the HTTP request, and the turn is returned
+as ``bl.Malformed`` with the usage so far: the runner charges it and ends the run
+``limit_exceeded``. Cancelling the run cuts the stream (the run
 ends ``cancelled``), and so does its deadline (``limit_exceeded(deadline)``). A stream that
 fails before any text was delivered is retried like a request; after, it is not. If
 ``on_text`` raises, the step ends as a model error naming it.
@@ -252,7 +253,7 @@ class AnthropicModel:
 
     def _streamed(self, kwargs: dict[str, Any], names: ToolNames, ctx: ModelContext
                   ) -> CallTools | Final | Malformed:
-        meter = StreamMeter(ctx, kwargs)
+        meter = StreamMeter(ctx, kwargs, self.price)
         open_stream = self._client.messages.stream
 
         def send(timeout: float | None) -> tuple[Cut | None, Any, _Reader]:
@@ -428,7 +429,7 @@ class AsyncAnthropicModel(AnthropicModel):
 
     async def _astreamed(self, kwargs: dict[str, Any], names: ToolNames, ctx: ModelContext
                          ) -> CallTools | Final | Malformed:
-        meter = StreamMeter(ctx, kwargs)
+        meter = StreamMeter(ctx, kwargs, self.price)
         open_stream = self._client.messages.stream
 
         async def send(timeout: float | None) -> tuple[Cut | None, Any, _Reader]:

@@ -40,9 +40,10 @@ stream=False, on_text=None, **extra)``:
   it raises. The output is counted as it streams (4 characters a token of text, arguments,
   refusals and reasoning), and once the turn has said more than the run has left of its
   output tokens (or of its total tokens, less the request's input estimated at 4 bytes of
-  its JSON a token), the stream is closed (the HTTP request is cut) and the turn is returned
-  as ``bl.Malformed`` with that usage, which ends the run ``limit_exceeded``. Cancelling the
-  run or its deadline cut the stream too. A stream that fails before any text was delivered
+  its JSON a token; or than its remaining cost buys, with a ``price``), the stream is closed
+  (the HTTP request is cut) and the turn is returned as ``bl.Malformed`` with that usage,
+  which ends the run ``limit_exceeded``. Cancelling the run or its deadline cut the stream
+  too. A stream that fails before any text was delivered
   is retried like a request (with ``retry``); after, it is not.
 - ``on_text``: with ``stream=True``, ``on_text(delta, ctx)`` gets each piece of text as it
   comes (``ctx``: the step's ``bl.ModelContext``); with ``AsyncOpenAI`` it may be ``async``.
@@ -326,7 +327,7 @@ class _OpenAIModel:
         return self._parse(response, names, self._sent_max(params))
 
     def _streamed(self, params: dict[str, Any], names: ToolNames, ctx: Any) -> Any:
-        meter = StreamMeter(ctx, params)
+        meter = StreamMeter(ctx, params, self.price)
         create = self._create()
         streaming = self._stream_params(params)
 
@@ -344,7 +345,7 @@ class _OpenAIModel:
         return self._stream_result(cut, response, names, meter, params)
 
     async def _astreamed(self, params: dict[str, Any], names: ToolNames, ctx: Any) -> Any:
-        meter = StreamMeter(ctx, params)
+        meter = StreamMeter(ctx, params, self.price)
         create = self._create()
         streaming = self._stream_params(params)
 
