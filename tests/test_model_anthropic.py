@@ -848,3 +848,18 @@ def test_a_priced_stream_is_cut_at_the_runs_cost_limit(tmp_path: Path, fake: Fak
     assert result.usage.cost is not None and result.usage.cost > budget.max_cost
     assert 49 < result.usage.output_tokens <= 53
     assert log.done.wait(5) and log.aborted
+
+
+def test_a_sync_stream_that_stalls_ends_at_the_deadline(tmp_path: Path, fake: FakeProvider,
+                                                        client: Any) -> None:
+    # Each read of a sync stream is bounded by the time left when the request was sent.
+    log = fake.stream(streamed(message([text(LONG)], "end_turn"), chunk=400),
+                      stall=(3, 1.5))
+    started = time.monotonic()
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=AnthropicModel(client, MODEL, stream=True), prompt="go",
+                            budget=bl.Budget(deadline_s=0.4))
+        journal_of(runner, result)
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "deadline")
+    assert time.monotonic() - started < 1.2
+    assert log.done.wait(5) and log.aborted and log.sent == 3
