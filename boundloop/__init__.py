@@ -69,6 +69,7 @@ if TYPE_CHECKING:
         ToolResultMessage,
         UserMessage,
     )
+    from boundloop.models._stream import TextDelta, TextStream
     from boundloop.models.scripted import ScriptedModel, ScriptExhausted
     from boundloop.policy.budget import Budget, Price, Remaining, Usage
     from boundloop.policy.replay import ReplayError, RunState, apply, replay
@@ -140,6 +141,8 @@ _WHERE: dict[str, str] = {
     "ToolResultMessage": "boundloop.messages",
     "UserMessage": "boundloop.messages",
     "ScriptedModel": "boundloop.models.scripted",
+    "TextDelta": "boundloop.models._stream",
+    "TextStream": "boundloop.models._stream",
     "ScriptExhausted": "boundloop.models.scripted",
     "Budget": "boundloop.policy.budget",
     "Price": "boundloop.policy.budget",
@@ -196,7 +199,7 @@ __all__ = [
     # models and messages
     "Model", "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
     "Malformed", "ResponseInfo", "Message", "UserMessage", "AssistantMessage", "CallMessage",
-    "ToolResultMessage", "FinalMessage", "NoticeMessage",
+    "ToolResultMessage", "FinalMessage", "NoticeMessage", "TextStream", "TextDelta",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",
     # replay and journal events

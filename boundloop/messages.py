@@ -199,7 +199,13 @@ Response = Final | CallTools
 class Malformed(msgspec.Struct, frozen=True):
     """What a provider adapter returns for a turn without a usable answer (a ``max_tokens``
     or ``length`` stop, a refusal, ``pause_turn``): the response is malformed, for
-    ``reason`` (a plain sentence), and counts against ``malformed_retries``."""
+    ``reason`` (a plain sentence), and counts against ``malformed_retries``.
+
+    ``limit`` is set by an adapter that cut the turn itself because the run's limit was
+    spent while it streamed (``output_tokens``, ``total_tokens`` or ``cost``): when its
+    ``usage`` puts the run over that limit, the run ends ``limit_exceeded``, whatever
+    ``malformed_retries`` allows."""
 
     reason: str
     usage: Usage | None = None
+    limit: str | None = None

@@ -36,7 +36,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.fake_provider import FakeProvider, Recorded
+from tests.fake_provider import (
+    FakeProvider,
+    Recorded,
+    anthropic_sse,
+    chat_sse,
+    responses_sse,
+    sse_bytes,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
@@ -112,7 +119,19 @@ def test_blocks_found() -> None:
 # --- the fake provider's answers ---------------------------------------------------------
 
 def _answer(request: Recorded) -> tuple[int, dict[str, str], object]:
-    """A final answer in the shape of whichever API was called."""
+    """A final answer in the shape of whichever API was called; as the provider's event
+    stream when the request asks for one (``"stream": true``)."""
+    status, headers, answer = _whole_answer(request)
+    body = request.body if isinstance(request.body, dict) else {}
+    if status != 200 or not body.get("stream") or not isinstance(answer, dict):
+        return status, headers, answer
+    path = request.path.split("?")[0]
+    events = anthropic_sse(answer) if path.endswith("/messages") else \
+        chat_sse(answer) if path.endswith("/chat/completions") else responses_sse(answer)
+    return 200, {"content-type": "text/event-stream"}, sse_bytes(events)
+
+
+def _whole_answer(request: Recorded) -> tuple[int, dict[str, str], object]:
     path = request.path.split("?")[0]
     body = request.body if isinstance(request.body, dict) else {}
     model = body.get("model", "fake-model")

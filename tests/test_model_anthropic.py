@@ -19,7 +19,7 @@ from typing import Any
 
 import msgspec
 import pytest
-from fake_provider import FakeProvider, fake_provider
+from fake_provider import FakeProvider, anthropic_sse, fake_provider
 from loop_helpers import journal_of
 
 import boundloop as bl
@@ -502,6 +502,13 @@ def test_request_shapes(client: Any) -> None:
     kwargs, _ = plain.request([bl.UserMessage("hi")], ctx_of([], False))
     assert "tools" not in kwargs and "tool_choice" not in kwargs and kwargs["system"] == "S"
     assert kwargs["messages"] == [{"role": "user", "content": [text("hi")]}]
+    # The output maximum: one past what the run has left, above any thinking budget.
+    low = bl.ModelContext("run-1", 1, True, [], bl.Remaining(5, 5, output_tokens=99), None,
+                          bl.CancelToken())
+    assert plain.request([bl.UserMessage("hi")], low)[0]["max_tokens"] == 100
+    thinking = AnthropicModel(client, MODEL, max_tokens=4096,
+                              thinking={"type": "enabled", "budget_tokens": 2048})
+    assert thinking.request([bl.UserMessage("hi")], low)[0]["max_tokens"] == 2049
 
 
 # --- the example script, against the fake --------------------------------------------------
@@ -586,3 +593,273 @@ def test_retry_delay_is_cut_short_by_cancellation() -> None:
     started = time.monotonic()
     asyncio.run(main())
     assert time.monotonic() - started < 1.0
+
+
+# --- streaming (stream=True) ----------------------------------------------------------------
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 60  # 2,700 characters
+SMALL_RESERVATION = bl.Usage(input_tokens=10)  # reserve no output: the stream is the limit
+
+
+def streamed(body: dict[str, Any], **kwargs: Any) -> list[Any]:
+    return anthropic_sse(body, **kwargs)
+
+
+@pytest.mark.parametrize("body", [
+    message([text("Paris is 21°C.")], "end_turn", cache_read=40),
+    message([{"type": "thinking", "thinking": "The user wants weather.", "signature": "EqQB=="},
+             text("Checking."),
+             tool_use("toolu_01", "get_weather", {"city": "Paris", "days": [1, 2]}),
+             tool_use("toolu_02", "get_time", {"tz": "Europe/Paris"})], "tool_use",
+            cache_write=300),
+    message([text("It was a long")], "max_tokens"),
+    message([], "refusal"),
+], ids=["final", "thinking-and-calls", "max_tokens", "refusal"])
+def test_stream_and_non_stream_give_the_same_response(fake: FakeProvider, client: Any,
+                                                      body: dict[str, Any]) -> None:
+    fake.reply(200, body)
+    fake.stream(streamed(body, chunk=5))
+    spec = [{"name": "get_weather", "parameters": {}}, {"name": "get_time", "parameters": {}}]
+    plain = AnthropicModel(client, MODEL, price=PRICE)(
+        [bl.UserMessage("hi")], ctx_of(spec, True))
+    deltas: list[str] = []
+    model = AnthropicModel(client, MODEL, price=PRICE, stream=True,
+                           on_text=lambda d, ctx: deltas.append(d))
+    assert model([bl.UserMessage("hi")], ctx_of(spec, True)) == plain
+    first, second = bodies(fake)
+    assert second == {**first, "stream": True}
+    assert "".join(deltas) == "".join(b["text"] for b in body["content"] if b["type"] == "text")
+
+
+def test_a_streamed_run_sends_text_in_order_and_charges_the_final_usage(
+        tmp_path: Path, fake: FakeProvider, client: Any,
+        tools: tuple[bl.Tool, bl.Tool]) -> None:
+    fake.stream(streamed(message([text("Let me look that up."),
+                                  tool_use("toolu_01", "get_weather", {"city": "Oslo"})],
+                                 "tool_use", input_tokens=300, output_tokens=40)))
+    fake.stream(streamed(message([text("Oslo is 21°C and clear.")], "end_turn",
+                                 input_tokens=350, output_tokens=12, msg_id="msg_2")))
+    seen: list[tuple[str, str, int]] = []
+    model = AnthropicModel(client, MODEL, stream=True,
+                           on_text=lambda d, ctx: seen.append((d, ctx.run_id, ctx.step)))
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, tools=list(tools), prompt="Oslo?")
+        journal_of(runner, result)
+    assert (result.status, result.model_steps, result.tool_calls) == ("final", 2, 1)
+    assert result.usage == bl.Usage(input_tokens=650, output_tokens=52)
+    assert {run for _, run, _ in seen} == {result.run_id}
+    by_step = {s: "".join(d for d, _, step in seen if step == s) for s in (1, 2)}
+    assert by_step == {1: "Let me look that up.", 2: "Oslo is 21°C and clear."}
+    assert [len(d) for d, _, _ in seen][:2] == [8, 8]  # deltas, not whole blocks
+    assert all(b["stream"] is True for b in bodies(fake))
+
+
+def test_a_stream_is_cut_at_the_runs_output_limit(tmp_path: Path, fake: FakeProvider,
+                                                  client: Any) -> None:
+    log = fake.stream(streamed(message([text(LONG)], "end_turn", output_tokens=700)),
+                      gap_s=0.002)
+    deltas: list[str] = []
+    model = AnthropicModel(client, MODEL, max_tokens=1024, price=PRICE, stream=True,
+                           on_text=lambda d, ctx: deltas.append(d))
+    with bl.Runner(tmp_path / "j", estimator=lambda h, m: SMALL_RESERVATION) as runner:
+        result = runner.run(model=model, prompt="go",
+                            budget=bl.Budget(max_output_tokens=50, malformed_retries=2))
+        names, events = journal_of(runner, result)
+    assert (result.status, result.exhausted_limit, result.model_steps) == (
+        "limit_exceeded", "output_tokens", 1)
+    assert "cut while it streamed" in result.explanation
+    # The request asked for one token past what the run had left, and was cut: the
+    # server saw the connection closed long before its last event.
+    assert bodies(fake)[0]["max_tokens"] == 51
+    assert log.done.wait(5) and log.aborted and log.sent < log.total
+    # The step is charged what streamed: the input reported at message_start, the output
+    # counted from the text (4 characters a token), just past the limit.
+    charge = [e for e in events if type(e).__name__ == "UsageCharged"]
+    assert len(charge) == 1 and not charge[0].estimated
+    assert charge[0].usage.input_tokens == 100 and 50 < charge[0].usage.output_tokens <= 53
+    assert result.usage == charge[0].usage
+    assert result.usage.cost == pytest.approx(PRICE.cost(charge[0].usage))
+    assert 200 < len("".join(deltas)) <= 212 and LONG.startswith("".join(deltas))
+
+
+def test_a_stream_is_cut_at_the_total_limit_less_the_reported_input(
+        tmp_path: Path, fake: FakeProvider, client: Any) -> None:
+    log = fake.stream(streamed(message([text(LONG)], "end_turn", input_tokens=900,
+                                       cache_read=60)), gap_s=0.002)
+    model = AnthropicModel(client, MODEL, stream=True)
+    with bl.Runner(tmp_path / "j", estimator=lambda h, m: SMALL_RESERVATION) as runner:
+        result = runner.run(model=model, prompt="go", budget=bl.Budget(max_total_tokens=1000))
+        journal_of(runner, result)
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "total_tokens")
+    assert result.usage.input_tokens == 900 and result.usage.cache_read_tokens == 60
+    assert 40 < result.usage.output_tokens <= 43  # 1000 - 960 = 40 tokens of room
+    assert log.done.wait(5) and log.aborted
+
+
+def test_the_deadline_cuts_a_stream(tmp_path: Path, fake: FakeProvider, client: Any) -> None:
+    log = fake.stream(streamed(message([text(LONG)], "end_turn")), gap_s=0.02)
+    model = AnthropicModel(client, MODEL, stream=True)
+    started = time.monotonic()
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, prompt="go", budget=bl.Budget(deadline_s=0.5))
+        journal_of(runner, result)
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "deadline")
+    assert time.monotonic() - started < 2.0
+    assert log.done.wait(5) and log.aborted and log.sent < log.total
+
+
+def test_cancelling_the_run_cuts_a_stream(tmp_path: Path, fake: FakeProvider,
+                                          client: Any) -> None:
+    log = fake.stream(streamed(message([text(LONG)], "end_turn")), gap_s=0.002)
+
+    def on_text(delta: str, ctx: bl.ModelContext) -> None:
+        ctx.cancel.cancel("the user closed the tab")
+
+    model = AnthropicModel(client, MODEL, stream=True, on_text=on_text)
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, prompt="go")
+        journal_of(runner, result)
+    assert result.status == "cancelled" and result.model_steps == 1
+    assert log.done.wait(5) and log.aborted
+
+
+def test_an_on_text_that_raises_ends_the_step_as_a_model_error(
+        tmp_path: Path, fake: FakeProvider, client: Any) -> None:
+    fake.stream(streamed(message([text("Hello there")], "end_turn")))
+
+    def on_text(delta: str, ctx: bl.ModelContext) -> None:
+        raise ValueError("the socket to the browser is gone")
+
+    model = AnthropicModel(client, MODEL, stream=True, on_text=on_text,
+                           retry=bl.RetryPolicy(3, 0.01))
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, prompt="go")
+    assert result.status == "model_error" and len(fake.requests) == 1  # never retried
+    assert "on_text" in result.explanation and "socket to the browser" in result.explanation
+
+
+def test_a_stream_that_fails_to_open_is_retried(tmp_path: Path, fake: FakeProvider,
+                                                client: Any) -> None:
+    fake.reply(529, api_error("overloaded_error", "Overloaded"),
+               headers={"retry-after-ms": "20"})
+    fake.stream(streamed(message([text("Fine.")], "end_turn")))
+    model = AnthropicModel(client, MODEL, stream=True, retry=bl.RetryPolicy(2, 0.01))
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, prompt="go")
+    assert (result.status, len(fake.requests)) == ("final", 2)
+    assert result.transcript[-1] == bl.FinalMessage("Fine.")
+
+
+def test_streaming_arguments_are_checked(client: Any) -> None:
+    with pytest.raises(bl.ConfigError, match="on_text needs stream=True"):
+        AnthropicModel(client, MODEL, on_text=print)
+    with pytest.raises(bl.ConfigError, match="async on_text needs an async client"):
+        async def on_text(delta: str, ctx: bl.ModelContext) -> None: ...
+        AnthropicModel(client, MODEL, stream=True, on_text=on_text)
+    with pytest.raises(bl.ConfigError, match="stream must be True or False"):
+        AnthropicModel(client, MODEL, stream="yes")  # type: ignore[arg-type]
+
+
+def test_an_async_stream_feeds_a_text_stream_through_arun(
+        tmp_path: Path, fake: FakeProvider, tools: tuple[bl.Tool, bl.Tool]) -> None:
+    fake.stream(streamed(message([text("One moment."),
+                                  tool_use("toolu_01", "get_weather", {"city": "Oslo"})],
+                                 "tool_use")))
+    fake.stream(streamed(message([text("Oslo: 21°C.")], "end_turn")))
+
+    async def main() -> tuple[bl.RunResult, list[bl.TextDelta]]:
+        async with anthropic.AsyncAnthropic(api_key="test", base_url=fake.url) as aclient:
+            text_stream = bl.TextStream()
+            model = AnthropicModel(aclient, MODEL, stream=True, on_text=text_stream)
+            assert isinstance(model, AsyncAnthropicModel)
+            async with bl.Runner(tmp_path / "j") as runner:
+                async def run() -> bl.RunResult:
+                    try:
+                        return await runner.arun(model=model, tools=list(tools),
+                                                 prompt="Oslo?")
+                    finally:
+                        text_stream.close()
+
+                task = asyncio.create_task(run())
+                got = [delta async for delta in text_stream]
+                return await task, got
+
+    result, got = asyncio.run(main())
+    assert result.status == "final" and result.transcript[-1] == bl.FinalMessage("Oslo: 21°C.")
+    assert ["".join(d.text for d in got if d.step == s) for s in (1, 2)] == [
+        "One moment.", "Oslo: 21°C."]
+    assert {d.run_id for d in got} == {result.run_id}
+
+
+def test_an_async_stream_that_stalls_is_cut_at_the_deadline(tmp_path: Path,
+                                                             fake: FakeProvider) -> None:
+    log = fake.stream(streamed(message([text(LONG)], "end_turn"), chunk=400),
+                      stall=(3, 2.0))  # message_start, block start, 400 characters, a stall
+    seen: list[str] = []
+
+    async def on_text(delta: str, ctx: bl.ModelContext) -> None:
+        seen.append(delta)
+
+    async def main() -> bl.RunResult:
+        async with anthropic.AsyncAnthropic(api_key="test", base_url=fake.url) as aclient:
+            model = AnthropicModel(aclient, MODEL, stream=True, on_text=on_text)
+            async with bl.Runner(tmp_path / "j") as runner:
+                return await runner.arun(model=model, prompt="go",
+                                         budget=bl.Budget(deadline_s=0.4))
+
+    started = time.monotonic()
+    result = asyncio.run(main())
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "deadline")
+    assert time.monotonic() - started < 1.5 and seen == [LONG[:400]]
+    assert log.done.wait(5) and log.aborted and log.sent < log.total
+
+
+def test_streamed_tool_input_that_is_not_json_is_malformed(tmp_path: Path, fake: FakeProvider,
+                                                          client: Any,
+                                                          tools: tuple[bl.Tool, bl.Tool]
+                                                          ) -> None:
+    events = streamed(message([text("Looking."),
+                               tool_use("toolu_01", "get_weather", {"city": "Paris"})],
+                              "tool_use"))
+    for _, data in events:  # the provider sends input that is not JSON
+        if data.get("delta", {}).get("type") == "input_json_delta":
+            data["delta"]["partial_json"] = data["delta"]["partial_json"].replace('"P', "P")
+    fake.stream(events)
+    model = AnthropicModel(client, MODEL, stream=True)
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=model, tools=list(tools), prompt="Paris?")
+        journal_of(runner, result)
+    assert result.status == "malformed_response" and result.tool_calls == 0
+    assert "call 1 (`get_weather`) has arguments that are not valid JSON" in result.explanation
+
+
+def test_a_priced_stream_is_cut_at_the_runs_cost_limit(tmp_path: Path, fake: FakeProvider,
+                                                       client: Any) -> None:
+    log = fake.stream(streamed(message([text(LONG)], "end_turn", input_tokens=100)),
+                      gap_s=0.002)
+    model = AnthropicModel(client, MODEL, price=PRICE, stream=True)
+    # 100 input tokens cost 0.0003; the rest buys about 50 output tokens at 15 per million.
+    budget = bl.Budget(max_cost=0.0003 + 50 * 15 / 1e6)
+    with bl.Runner(tmp_path / "j", estimator=lambda h, m: SMALL_RESERVATION) as runner:
+        result = runner.run(model=model, prompt="go", budget=budget)
+        journal_of(runner, result)
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "cost")
+    assert "output tokens its cost limit left were spent" in result.explanation
+    assert result.usage.cost is not None and result.usage.cost > budget.max_cost
+    assert 49 < result.usage.output_tokens <= 53
+    assert log.done.wait(5) and log.aborted
+
+
+def test_a_sync_stream_that_stalls_ends_at_the_deadline(tmp_path: Path, fake: FakeProvider,
+                                                        client: Any) -> None:
+    # Each read of a sync stream is bounded by the time left when the request was sent.
+    log = fake.stream(streamed(message([text(LONG)], "end_turn"), chunk=400),
+                      stall=(3, 1.5))
+    started = time.monotonic()
+    with bl.Runner(tmp_path / "j") as runner:
+        result = runner.run(model=AnthropicModel(client, MODEL, stream=True), prompt="go",
+                            budget=bl.Budget(deadline_s=0.4))
+        journal_of(runner, result)
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "deadline")
+    assert time.monotonic() - started < 1.2
+    assert log.done.wait(5) and log.aborted and log.sent == 3

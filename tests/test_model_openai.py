@@ -22,7 +22,7 @@ import msgspec
 import pytest
 
 import boundloop as bl
-from tests.fake_provider import FakeProvider, fake_provider
+from tests.fake_provider import FakeProvider, chat_sse, fake_provider, responses_sse
 
 openai = pytest.importorskip("openai")
 
@@ -639,3 +639,181 @@ def test_missing_sdk_names_the_extra(monkeypatch: pytest.MonkeyPatch, cls: Any) 
     monkeypatch.setitem(sys.modules, "openai", None)
     with pytest.raises(bl.ConfigError, match=re.escape("boundloop[openai]")):
         cls(client=object(), model="gpt-4.1")
+
+
+# --- streaming (stream=True) ----------------------------------------------------------------
+
+LONG = "The quick brown fox jumps over the lazy dog. " * 60  # 2,700 characters
+SMALL_RESERVATION = bl.Usage(input_tokens=10)  # reserve no output: the stream is the limit
+
+
+def ctx_of(tools: list[Any]) -> bl.ModelContext:
+    schemas = [{"name": t.name, "parameters": {"type": "object"}} for t in tools]
+    return bl.ModelContext("run-1", 1, True, schemas, bl.Remaining(5, 5), None,
+                           bl.CancelToken())
+
+
+CHAT_BODIES = {
+    "final": chat_final("Paris: 21°C, clear.", chat_usage(80, 9, cached=30)),
+    "calls": chat_completion(
+        {"content": "Checking both.",
+         "tool_calls": [tool_call("call_1", "get_weather", '{"place": {"city": "Paris"}}'),
+                        tool_call("call_2", "get_time", '{"zone": "Europe/Paris"}')]},
+        "tool_calls", chat_usage(120, 30)),
+    "length": chat_completion({"content": "The answer is"}, "length"),
+    "filter": chat_completion({"content": ""}, "content_filter"),
+    "refusal": chat_completion({"refusal": "I can't help with that."}, "stop"),
+    "bad-json": chat_completion(
+        {"tool_calls": [tool_call("call_1", "get_time", '{"zone": "UTC"')]}, "tool_calls"),
+}
+
+RESPONSES_BODIES = {
+    "final": responses_body([message_item("Paris: 21°C.")], usage=responses_usage(90, 7, 20)),
+    "reasoning-and-calls": responses_body(
+        [reasoning_item("rs_1"), message_item("Checking."),
+         function_call_item("fc_1", "call_1", "get_weather", '{"place": {"city": "Oslo"}}'),
+         function_call_item("fc_2", "call_2", "get_time", '{"zone": "CET"}')]),
+    "incomplete": responses_body([message_item("The answer")], status="incomplete",
+                                 incomplete="max_output_tokens"),
+    "refusal": responses_body([{**message_item(""), "content": [
+        {"type": "refusal", "refusal": "No."}]}]),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAT_BODIES))
+def test_chat_stream_and_non_stream_give_the_same_response(fake: FakeProvider, client: Any,
+                                                           name: str) -> None:
+    body = CHAT_BODIES[name]
+    fake.reply(200, body)
+    fake.stream(chat_sse(body, chunk=5))
+    price = bl.Price(input_per_mtok=2.0, output_per_mtok=8.0)
+    plain = OpenAIChatModel(client, "gpt-4.1", price=price)([bl.UserMessage("hi")],
+                                                             ctx_of(TOOLS))
+    deltas: list[str] = []
+    model = OpenAIChatModel(client, "gpt-4.1", price=price, stream=True,
+                            on_text=lambda d, ctx: deltas.append(d))
+    assert model([bl.UserMessage("hi")], ctx_of(TOOLS)) == plain
+    first, second = (json_body(r) for r in fake.requests)
+    assert second == {**first, "stream": True, "stream_options": {"include_usage": True}}
+    assert "".join(deltas) == (body["choices"][0]["message"]["content"] or "")
+
+
+@pytest.mark.parametrize("name", list(RESPONSES_BODIES))
+def test_responses_stream_and_non_stream_give_the_same_response(
+        fake: FakeProvider, client: Any, name: str) -> None:
+    body = RESPONSES_BODIES[name]
+    fake.reply(200, body)
+    fake.stream(responses_sse(body, chunk=5))
+    plain = OpenAIResponsesModel(client, "o4-mini")([bl.UserMessage("hi")], ctx_of(TOOLS))
+    deltas: list[str] = []
+    model = OpenAIResponsesModel(client, "o4-mini", stream=True,
+                                 on_text=lambda d, ctx: deltas.append(d))
+    assert model([bl.UserMessage("hi")], ctx_of(TOOLS)) == plain
+    first, second = (json_body(r) for r in fake.requests)
+    assert second == {**first, "stream": True}
+    texts = [p["text"] for i in body["output"] if i["type"] == "message"
+             for p in i["content"] if p["type"] == "output_text"]
+    assert "".join(deltas) == "".join(texts)
+
+
+def test_chat_streamed_run_assembles_calls_and_charges_the_usage_chunk(
+        fake: FakeProvider, client: Any, runner: bl.Runner) -> None:
+    fake.stream(chat_sse(CHAT_BODIES["calls"], chunk=3))
+    fake.stream(chat_sse(chat_final("Paris: 21°C; 14:05.", chat_usage(200, 8, cached=100))))
+    seen: list[tuple[str, int]] = []
+    model = OpenAIChatModel(client, "gpt-4.1", stream=True,
+                            on_text=lambda d, ctx: seen.append((d, ctx.step)))
+    result = runner.run(model=model, tools=TOOLS, prompt="Paris?")
+    assert (result.status, result.model_steps, result.tool_calls) == ("final", 2, 2)
+    assert result.completed[0].status == "ok"
+    assert result.usage == bl.Usage(input_tokens=220, output_tokens=38, cache_read_tokens=100)
+    assert ["".join(d for d, s in seen if s == step) for step in (1, 2)] == [
+        "Checking both.", "Paris: 21°C; 14:05."]
+    assert len(seen) > 5  # deltas, not whole messages
+
+
+def test_chat_stream_is_cut_at_the_runs_output_limit(fake: FakeProvider, client: Any,
+                                                     tmp_path: Any) -> None:
+    log = fake.stream(chat_sse(chat_final(LONG)), gap_s=0.002)
+    with bl.Runner(tmp_path / "j", estimator=lambda h, m: SMALL_RESERVATION) as runner:
+        model = OpenAIChatModel(client, "gpt-4.1", stream=True)
+        result = runner.run(model=model, prompt="go", budget=bl.Budget(max_output_tokens=50))
+        events = list(runner.journal.events(result.run_id))
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "output_tokens")
+    assert json_body(fake.requests[0])["max_completion_tokens"] == 51
+    assert log.done.wait(5) and log.aborted and log.sent < log.total
+    charge = [e for e in events if type(e).__name__ == "UsageCharged"]
+    assert len(charge) == 1 and not charge[0].estimated
+    # No usage chunk came: the input is estimated from the request's size.
+    assert charge[0].usage.input_tokens > 0 and 50 < charge[0].usage.output_tokens <= 53
+
+
+@pytest.mark.skipif(not hasattr(bl.Runner, "arun"), reason="Runner.arun is not there yet")
+def test_async_responses_stream_into_a_text_stream_is_cut_at_the_limit(
+        fake: FakeProvider, tmp_path: Any) -> None:
+    fake.stream(responses_sse(responses_body(
+        [function_call_item("fc_1", "call_1", "get_time", '{"zone": "UTC"}')])))
+    log = fake.stream(responses_sse(responses_body([message_item(LONG)])), gap_s=0.002)
+
+    async def main() -> tuple[bl.RunResult, list[bl.TextDelta]]:
+        async with openai.AsyncOpenAI(api_key="test", base_url=fake.url + "/v1") as aclient:
+            text = bl.TextStream()
+            model = OpenAIResponsesModel(aclient, "o4-mini", stream=True, on_text=text)
+            assert isinstance(model, AsyncOpenAIResponsesModel)
+            async with bl.Runner(tmp_path / "j",
+                                 estimator=lambda h, m: SMALL_RESERVATION) as runner:
+                async def run() -> bl.RunResult:
+                    try:
+                        return await runner.arun(model=model, tools=TOOLS, prompt="go",
+                                                 budget=bl.Budget(max_output_tokens=60))
+                    finally:
+                        text.close()
+
+                task = asyncio.create_task(run())
+                got = [d async for d in text]
+                return await task, got
+
+    result, got = asyncio.run(main())
+    assert (result.status, result.exhausted_limit) == ("limit_exceeded", "output_tokens")
+    assert result.tool_calls == 1 and {d.step for d in got} == {2}
+    assert LONG.startswith("".join(d.text for d in got)) and len(got) < 60
+    # The second request asked for what was left (60 less the first step's 8) plus one.
+    assert json_body(fake.requests[1])["max_output_tokens"] == 53
+    assert log.done.wait(5) and log.aborted
+
+
+@pytest.mark.skipif(not hasattr(bl.Runner, "arun"), reason="Runner.arun is not there yet")
+def test_async_chat_stream_through_arun(fake: FakeProvider, tmp_path: Any) -> None:
+    fake.stream(chat_sse(chat_final("Noon in Paris.", chat_usage(60, 4))))
+    seen: list[str] = []
+
+    async def on_text(delta: str, ctx: bl.ModelContext) -> None:
+        await asyncio.sleep(0)
+        seen.append(delta)
+
+    async def main() -> bl.RunResult:
+        async with openai.AsyncOpenAI(api_key="test", base_url=fake.url + "/v1") as aclient:
+            model = OpenAIChatModel(aclient, "gpt-4.1", stream=True, on_text=on_text)
+            assert isinstance(model, AsyncOpenAIChatModel)
+            async with bl.Runner(tmp_path / "j") as runner:
+                return await runner.arun(model=model, prompt="time?")
+
+    result = asyncio.run(main())
+    assert result.status == "final" and result.transcript[-1].text == "Noon in Paris."
+    assert seen == ["Noon in ", "Paris."] and result.usage.output_tokens == 4
+
+
+def test_a_responses_stream_without_its_end_is_a_model_error(
+        fake: FakeProvider, client: Any, runner: bl.Runner) -> None:
+    fake.stream(responses_sse(responses_body([message_item("Half an answ")]))[:-1])
+    model = OpenAIResponsesModel(client, "o4-mini", stream=True)
+    result = runner.run(model=model, prompt="go")
+    assert result.status == "model_error" and "response.completed" in result.explanation
+
+
+def test_streaming_arguments_are_checked(client: Any) -> None:
+    with pytest.raises(bl.ConfigError, match="on_text needs stream=True"):
+        OpenAIChatModel(client, "gpt-4.1", on_text=print)
+    with pytest.raises(bl.ConfigError, match="async on_text needs an async client"):
+        async def on_text(delta: str, ctx: bl.ModelContext) -> None: ...
+        OpenAIResponsesModel(client, "o4-mini", stream=True, on_text=on_text)

@@ -27,7 +27,7 @@ EXPECTED = {
     # models and messages
     "Model", "ModelContext", "ScriptedModel", "ScriptExhausted", "Final", "CallTools", "ToolCall",
     "Malformed", "ResponseInfo", "Message", "UserMessage", "AssistantMessage", "CallMessage",
-    "ToolResultMessage", "FinalMessage", "NoticeMessage",
+    "ToolResultMessage", "FinalMessage", "NoticeMessage", "TextStream", "TextDelta",
     # tools
     "tool", "Tool", "ToolContext", "RetryPolicy", "mcp_tools", "McpToolError",
     # replay and journal events

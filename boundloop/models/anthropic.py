@@ -48,6 +48,24 @@ Errors: timeouts, connection errors, 408/409/429 and 5xx (529 overloaded include
 step ends ``model_error``) unless ``retry`` is given, in which case they are retried within
 the step after ``Retry-After``/``retry-after-ms`` (else the policy's backoff), never past
 ``ctx.deadline``. Other API errors (400, 401, ...) always raise.
+
+The output maximum sent is ``max_tokens``, or one token past what the run has left of its
+output tokens (``ctx.remaining.output_tokens``) when that is less: a turn that would overrun
+the run's budget is stopped by the API just past it, and the run ends ``limit_exceeded``.
+
+Streaming (``stream=True``): the request goes through ``messages.stream`` and the response is
+the one above, read from the stream's accumulated message (thinking blocks and signatures,
+tool input JSON joined from its deltas, the usage of ``message_delta``). Each text delta is
+given to ``on_text(delta, ctx)`` as it comes. The output is counted as it streams (the
+``message_delta`` running count where given, else 4 characters a token of text, tool input
+and thinking); once the turn has said more than the run has left of its output tokens (or of
+its total tokens, less the input ``message_start`` reports; or than its remaining cost buys,
+with a ``price``), the stream is closed, cutting the HTTP request, and the turn is returned
+as ``bl.Malformed`` with the usage so far: the runner charges it and ends the run
+``limit_exceeded``. Cancelling the run cuts the stream (the run
+ends ``cancelled``), and so does its deadline (``limit_exceeded(deadline)``). A stream that
+fails before any text was delivered is retried like a request; after, it is not. If
+``on_text`` raises, the step ends as a model error naming it.
 """
 
 from __future__ import annotations
@@ -78,6 +96,17 @@ from boundloop.models._common import (
     result_text,
     status_of,
     transient_status,
+)
+from boundloop.models._stream import (
+    Cut,
+    OnText,
+    StreamMeter,
+    apump,
+    cancelled_reason,
+    capped_max_tokens,
+    check_on_text,
+    pump,
+    stream_transient,
 )
 from boundloop.policy.budget import Usage
 from boundloop.pricing import PriceOption, check_price
@@ -128,6 +157,15 @@ class AnthropicModel:
             None: they end the step as a model error.
         cache: mark the system prompt, the last tool and the last user block for prompt
             caching.
+        stream: use the streaming Messages API (``messages.stream``): the same response,
+            assembled from the stream's events; text deltas go to ``on_text`` as they come,
+            and the stream is cut once the turn has said more than the run has left of its
+            output (or total) tokens, or the run is cancelled, or its deadline passes
+            (see the module doc).
+        on_text: with ``stream=True``, ``on_text(delta, ctx)`` gets each piece of text
+            (``ctx`` is the step's ``bl.ModelContext``: ``run_id``, ``step``); with an
+            async client it may be ``async``. A ``bl.TextStream`` is one, for
+            ``async for``. If it raises, the step ends as a model error naming it.
         **extra: more arguments of ``messages.create`` (``temperature``, ``thinking``,
             ``metadata``, ``stop_sequences``, ``extra_headers``, ...). ``tools`` given here
             (e.g. server tools) are sent after the runner's; ``tool_choice`` is used on
@@ -152,6 +190,7 @@ class AnthropicModel:
                  system: str | list[dict[str, Any]] | None = None,
                  price: PriceOption = None,
                  retry: RetryPolicy | None = None, cache: bool = False,
+                 stream: bool = False, on_text: OnText | None = None,
                  **extra: Any) -> None:
         self._anthropic = _sdk()
         if not isinstance(model, str) or not model:
@@ -173,6 +212,13 @@ class AnthropicModel:
                               "cannot be given as an extra argument")
         if "tools" in extra and not isinstance(extra["tools"], list):
             raise ConfigError("AnthropicModel: extra `tools` must be a list of tool dicts")
+        if not isinstance(stream, bool):
+            raise ConfigError(f"AnthropicModel: stream must be True or False, got {stream!r}")
+        if on_text is not None and not stream:
+            raise ConfigError("AnthropicModel: on_text needs stream=True")
+        self.on_text = check_on_text(on_text, is_async=isinstance(self, AsyncAnthropicModel),
+                                     name="AnthropicModel")
+        self.stream = stream
         self.client = client
         # The SDK's own retries would not know the run's deadline: the adapter retries.
         with_options = getattr(client, "with_options", None)
@@ -196,6 +242,8 @@ class AnthropicModel:
 
     def __call__(self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:
         kwargs, names = self.request(history, ctx)
+        if self.stream:
+            return self._streamed(kwargs, names, ctx)
         create = self._client.messages.create
 
         def send(timeout: float | None) -> Any:
@@ -203,7 +251,45 @@ class AnthropicModel:
 
         message = call_with_retry(send, retry=self.retry, deadline=ctx.deadline,
                                   transient=self.transient, cancel=ctx.cancel)
-        return self.response(message, names)
+        return self.response(message, names, max_tokens=kwargs["max_tokens"])
+
+    def _streamed(self, kwargs: dict[str, Any], names: ToolNames, ctx: ModelContext
+                  ) -> CallTools | Final | Malformed:
+        meter = StreamMeter(ctx, kwargs, self.price)
+        open_stream = self._client.messages.stream
+
+        def send(timeout: float | None) -> tuple[Cut | None, Any, _Reader]:
+            meter.reset()
+            reader = _Reader(meter)
+            options = kwargs if timeout is None else {**kwargs, "timeout": timeout}
+            with open_stream(**options) as stream:
+                try:
+                    cut = pump(stream, reader.read, ctx, meter, self.on_text)
+                except ValueError as exc:
+                    reader.failed(exc)
+                    return None, None, reader
+                return cut, stream.current_message_snapshot if reader.started else None, reader
+
+        cut, message, reader = call_with_retry(
+            send, retry=self.retry, deadline=ctx.deadline,
+            transient=stream_transient(meter, self.transient), cancel=ctx.cancel)
+        return self.stream_result(cut, message, names, meter, kwargs, reader.bad_input)
+
+    def stream_result(self, cut: Cut | None, message: Any, names: ToolNames,
+                      meter: StreamMeter, kwargs: Mapping[str, Any],
+                      bad_input: str | None = None) -> CallTools | Final | Malformed:
+        """The boundloop response for a stream that ended (``cut`` None: its accumulated
+        message, as :meth:`response` reads it), or was cut at the run's token limit (a
+        malformed turn with the usage counted so far) or by cancellation, or stopped at tool
+        input that is not JSON (``bad_input``: a malformed turn saying so; its reservation
+        stands)."""
+        if bad_input is not None:
+            return malformed(bad_input)
+        if cut == "cancelled":
+            return malformed(cancelled_reason())
+        if cut == "limit":
+            return meter.cut(self.price)
+        return self.response(message, names, max_tokens=kwargs["max_tokens"])
 
     def transient(self, exc: BaseException) -> bool:
         """Whether ``exc`` is a provider error worth retrying: a timeout or connection
@@ -222,7 +308,8 @@ class AnthropicModel:
         kwargs: dict[str, Any] = {k: v for k, v in self.extra.items()
                                   if k not in ("tools", "tool_choice")}
         kwargs["model"] = self.model
-        kwargs["max_tokens"] = self.max_tokens
+        kwargs["max_tokens"] = capped_max_tokens(self.max_tokens, ctx,
+                                                 floor=self._thinking_budget() + 1)
         system = self._system()
         if system is not None:
             kwargs["system"] = system
@@ -241,6 +328,13 @@ class AnthropicModel:
             _mark_last_user_block(messages)
         kwargs["messages"] = messages
         return kwargs, names
+
+    def _thinking_budget(self) -> int:
+        """The ``budget_tokens`` of extended thinking, if enabled (the API wants
+        ``max_tokens`` above it), else 0."""
+        thinking = self.extra.get("thinking")
+        budget = thinking.get("budget_tokens") if isinstance(thinking, Mapping) else None
+        return budget if isinstance(budget, int) and not isinstance(budget, bool) else 0
 
     def _system(self) -> str | list[dict[str, Any]] | None:
         if self.system is None:
@@ -266,8 +360,10 @@ class AnthropicModel:
 
     # --- the response ------------------------------------------------------------------
 
-    def response(self, message: Any, names: ToolNames) -> CallTools | Final | Malformed:
-        """The boundloop response for an ``anthropic.types.Message``."""
+    def response(self, message: Any, names: ToolNames, *, max_tokens: int | None = None
+                 ) -> CallTools | Final | Malformed:
+        """The boundloop response for an ``anthropic.types.Message`` (``max_tokens``: the
+        output maximum the request sent, named by a ``max_tokens`` stop)."""
         usage = self.usage(getattr(message, "usage", None))
         blocks = list(getattr(message, "content", None) or [])
         stop = getattr(message, "stop_reason", None)
@@ -285,9 +381,9 @@ class AnthropicModel:
         if stop == "tool_use":
             return malformed("the model stopped to use a tool (stop reason `tool_use`) but "
                              "its response holds no tool_use block", usage)
-        return malformed(self._stop_reason(message, stop), usage)
+        return malformed(self._stop_reason(message, stop, max_tokens), usage)
 
-    def _stop_reason(self, message: Any, stop: Any) -> str:
+    def _stop_reason(self, message: Any, stop: Any, max_tokens: int | None = None) -> str:
         template = _STOPS.get(stop) if isinstance(stop, str) else None
         if template is None:
             shown = f"`{stop[:40]}`" if isinstance(stop, str) else "none"
@@ -295,7 +391,10 @@ class AnthropicModel:
                     "neither a final answer nor tool calls")
         category = getattr(getattr(message, "stop_details", None), "category", None)
         detail = f", category `{category}`" if isinstance(category, str) else ""
-        return template.format(max_tokens=self.max_tokens, detail=detail)
+        sent = self.max_tokens if max_tokens is None else max_tokens
+        limit = f"{sent}" if sent == self.max_tokens else \
+            f"{sent}, lowered to what the run had left of its output tokens"
+        return template.format(max_tokens=limit, detail=detail)
 
     def usage(self, reported: Any) -> Usage | None:
         """A bl.Usage for the Messages API's ``usage`` object (None when there is none)."""
@@ -317,6 +416,8 @@ class AsyncAnthropicModel(AnthropicModel):
     async def __call__(  # type: ignore[override]
             self, history: list[Any], ctx: ModelContext) -> CallTools | Final | Malformed:
         kwargs, names = self.request(history, ctx)
+        if self.stream:
+            return await self._astreamed(kwargs, names, ctx)
         create = self._client.messages.create
 
         async def send(timeout: float | None) -> Any:
@@ -326,7 +427,84 @@ class AsyncAnthropicModel(AnthropicModel):
 
         message = await acall_with_retry(send, retry=self.retry, deadline=ctx.deadline,
                                          transient=self.transient, cancel=ctx.cancel)
-        return self.response(message, names)
+        return self.response(message, names, max_tokens=kwargs["max_tokens"])
+
+    async def _astreamed(self, kwargs: dict[str, Any], names: ToolNames, ctx: ModelContext
+                         ) -> CallTools | Final | Malformed:
+        meter = StreamMeter(ctx, kwargs, self.price)
+        open_stream = self._client.messages.stream
+
+        async def send(timeout: float | None) -> tuple[Cut | None, Any, _Reader]:
+            meter.reset()
+            reader = _Reader(meter)
+            options = kwargs if timeout is None else {**kwargs, "timeout": timeout}
+            async with open_stream(**options) as stream:
+                try:
+                    cut = await apump(stream, reader.read, ctx, meter, self.on_text)
+                except ValueError as exc:
+                    reader.failed(exc)
+                    return None, None, reader
+                return cut, stream.current_message_snapshot if reader.started else None, reader
+
+        cut, message, reader = await acall_with_retry(
+            send, retry=self.retry, deadline=ctx.deadline,
+            transient=stream_transient(meter, self.transient), cancel=ctx.cancel)
+        return self.stream_result(cut, message, names, meter, kwargs, reader.bad_input)
+
+
+class _Reader:
+    """Reads the events of one ``messages.stream``: counts their output on the meter, takes
+    the input the provider reports at ``message_start``, and returns each text delta."""
+
+    def __init__(self, meter: StreamMeter) -> None:
+        self.meter = meter
+        self.started = False
+        self.tools = 0
+        self.tool: str | None = None
+        #: Why the stream stopped at tool input that is not JSON (the SDK's accumulator
+        #: refuses it), if it did.
+        self.bad_input: str | None = None
+
+    def failed(self, exc: ValueError) -> None:
+        """The stream raised ``exc``: tool input that is not JSON (then say which call), or
+        anything else (raised again)."""
+        if self.tool is None or "tool parameter JSON" not in str(exc):
+            raise exc
+        cause = exc.__cause__
+        why = str(cause) if cause is not None else "it does not parse"
+        self.bad_input = (f"call {self.tools} (`{self.tool}`) has arguments that are not "
+                          f"valid JSON ({why[:200]})")
+
+    def read(self, event: Any) -> str | None:
+        kind = getattr(event, "type", None)
+        meter = self.meter
+        if kind == "content_block_start":
+            block = getattr(event, "content_block", None)
+            if getattr(block, "type", None) == "tool_use":
+                self.tools += 1
+                self.tool = str(getattr(block, "name", "") or "")
+        elif kind == "message_start":
+            self.started = True
+            usage = getattr(getattr(event, "message", None), "usage", None)
+            if usage is not None:
+                meter.input_reported = make_usage(
+                    getattr(usage, "input_tokens", 0), 0,
+                    getattr(usage, "cache_creation_input_tokens", 0),
+                    getattr(usage, "cache_read_input_tokens", 0))
+        elif kind == "content_block_delta":
+            delta = getattr(event, "delta", None)
+            delta_kind = getattr(delta, "type", None)
+            if delta_kind == "text_delta":
+                text = str(getattr(delta, "text", "") or "")
+                meter.count(text)
+                return text
+            if delta_kind == "input_json_delta":
+                meter.count(str(getattr(delta, "partial_json", "") or ""))
+            elif delta_kind == "thinking_delta":
+                meter.count(str(getattr(delta, "thinking", "") or ""))
+        elif kind == "message_delta":
+            meter.report(getattr(getattr(event, "usage", None), "output_tokens", None))
+        return None
 
 
 # --- conversions (module level, so tests can call them directly) ---------------------------

@@ -12,7 +12,8 @@ model = OpenAIChatModel(client=openai.OpenAI(), model="gpt-4.1", max_tokens=1024
 model = OpenAIResponsesModel(client=openai.AsyncOpenAI(), model="o4-mini")   # async def model
 ```
 
-Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None, **extra)``:
+Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None,
+stream=False, on_text=None, **extra)``:
 
 - ``client``: ``openai.OpenAI`` (a sync model) or ``openai.AsyncOpenAI`` (the model is an
   ``async def`` callable, run on the caller's event loop by ``runner.arun``). The adapter uses
@@ -20,6 +21,8 @@ Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None
   deadline; ``retry`` replaces them.
 - ``max_tokens``: sent as ``max_completion_tokens`` (Chat) / ``max_output_tokens``
   (Responses), and declared as the model's ``max_output_tokens`` for the runner's reservation.
+  When the run has less left of its output tokens, one token past that is sent instead (at
+  least 16 for Responses, its minimum), so the provider stops a turn just past the run's limit.
 - ``system``: a ``system`` message first (Chat) / ``instructions`` (Responses).
 - ``price``: a ``bl.Price``; each step's usage then carries its cost. ``"auto"``: the runner
   prices each step from the genai-prices catalogue (``boundloop[prices]``) for the model
@@ -31,6 +34,23 @@ Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None
   else ``retry.delay(attempt)``; a delay that would not end before ``ctx.deadline``, or a
   ``Retry-After`` above 60 s, is not taken (the error is raised). Cancelling the run ends a
   delay early.
+- ``stream``: use the streaming API (``create(stream=True)``; Chat adds
+  ``stream_options={"include_usage": True}``). The response is the one the plain call gives:
+  Chat chunks are joined (text, refusal, tool calls by index with their argument deltas, the
+  finish reason, the last chunk's usage); Responses takes the response of its
+  ``response.completed`` (or ``.incomplete`` / ``.failed``) event; a stream that ends without
+  it raises. The output is counted as it streams (4 characters a token of text, arguments,
+  refusals and reasoning), and once the turn has said more than the run has left of its
+  output tokens (or of its total tokens, less the request's input estimated at 4 bytes of
+  its JSON a token; or than its remaining cost buys, with a ``price``), the stream is closed
+  (the HTTP request is cut) and the turn is returned as ``bl.Malformed`` with that usage,
+  which ends the run ``limit_exceeded``. Cancelling the run or its deadline cut the stream
+  too. A stream that fails before any text was delivered
+  is retried like a request (with ``retry``); after, it is not.
+- ``on_text``: with ``stream=True``, ``on_text(delta, ctx)`` gets each piece of text as it
+  comes (``ctx``: the step's ``bl.ModelContext``); with ``AsyncOpenAI`` it may be ``async``.
+  A ``bl.TextStream`` is one, to read with ``async for``. If it raises, the step ends as a
+  model error naming it.
 - ``**extra``: passed to ``create`` as they are (``temperature``, ``reasoning=...``,
   ``extra_headers=...``, ...). The arguments the adapter builds (``model``, the messages or
   input, ``tools``, ``tool_choice``, the token maximum, ``timeout``, ``stream``, and for
@@ -100,6 +120,17 @@ from boundloop.models._common import (
     result_text,
     status_of,
     transient_status,
+)
+from boundloop.models._stream import (
+    Cut,
+    OnText,
+    StreamMeter,
+    apump,
+    cancelled_reason,
+    capped_max_tokens,
+    check_on_text,
+    pump,
+    stream_transient,
 )
 from boundloop.policy.budget import Usage
 from boundloop.pricing import PriceOption, check_price
@@ -209,7 +240,8 @@ class _OpenAIModel:
 
     def __init__(self, client: Any, model: str, max_tokens: int = 1024,
                  system: str | None = None, price: PriceOption = None,
-                 retry: RetryPolicy | None = None, **extra: Any) -> None:
+                 retry: RetryPolicy | None = None, stream: bool = False,
+                 on_text: OnText | None = None, **extra: Any) -> None:
         _sdk()
         name = type(self).__name__
         if client is None:
@@ -235,6 +267,12 @@ class _OpenAIModel:
         if not is_async and inspect.iscoroutinefunction(type(self).__call__):
             raise ConfigError(f"{name} is for openai.AsyncOpenAI; with openai.OpenAI use "
                               f"{self._SYNC.__name__ if self._SYNC else 'the sync adapter'}")
+        if not isinstance(stream, bool):
+            raise ConfigError(f"{name}: stream must be True or False, got {stream!r}")
+        if on_text is not None and not stream:
+            raise ConfigError(f"{name}: on_text needs stream=True")
+        self.on_text = check_on_text(on_text, is_async=is_async, name=name)
+        self.stream = stream
         self.client = client
         with_options = getattr(client, "with_options", None)
         # The SDK's own retries could outlive the run's deadline: `retry` replaces them.
@@ -259,7 +297,16 @@ class _OpenAIModel:
     def _create(self) -> Callable[..., Any]:
         raise NotImplementedError
 
-    def _parse(self, response: Any, names: ToolNames) -> Any:
+    def _parse(self, response: Any, names: ToolNames, max_tokens: int | None = None) -> Any:
+        raise NotImplementedError
+
+    def _stream_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _reader(self, meter: StreamMeter) -> _Reader:
+        raise NotImplementedError
+
+    def _sent_max(self, params: dict[str, Any]) -> int | None:
         raise NotImplementedError
 
     # -- one step ----------------------------------------------------------------------------
@@ -275,9 +322,55 @@ class _OpenAIModel:
         def send(timeout: float | None) -> Any:
             return create(**params) if timeout is None else create(**params, timeout=timeout)
 
+        if self.stream:
+            return self._streamed(params, names, ctx)
         response = call_with_retry(send, retry=self.retry, deadline=ctx.deadline,
                                    transient=_transient, cancel=ctx.cancel)
-        return self._parse(response, names)
+        return self._parse(response, names, self._sent_max(params))
+
+    def _streamed(self, params: dict[str, Any], names: ToolNames, ctx: Any) -> Any:
+        meter = StreamMeter(ctx, params, self.price)
+        create = self._create()
+        streaming = self._stream_params(params)
+
+        def send(timeout: float | None) -> tuple[Cut | None, Any]:
+            meter.reset()
+            reader = self._reader(meter)
+            options = streaming if timeout is None else {**streaming, "timeout": timeout}
+            with create(**options) as stream:
+                cut = pump(stream, reader.read, ctx, meter, self.on_text)
+                return cut, (reader.result() if cut is None else None)
+
+        cut, response = call_with_retry(
+            send, retry=self.retry, deadline=ctx.deadline,
+            transient=stream_transient(meter, _transient), cancel=ctx.cancel)
+        return self._stream_result(cut, response, names, meter, params)
+
+    async def _astreamed(self, params: dict[str, Any], names: ToolNames, ctx: Any) -> Any:
+        meter = StreamMeter(ctx, params, self.price)
+        create = self._create()
+        streaming = self._stream_params(params)
+
+        async def send(timeout: float | None) -> tuple[Cut | None, Any]:
+            meter.reset()
+            reader = self._reader(meter)
+            options = streaming if timeout is None else {**streaming, "timeout": timeout}
+            async with await create(**options) as stream:
+                cut = await apump(stream, reader.read, ctx, meter, self.on_text)
+                return cut, (reader.result() if cut is None else None)
+
+        cut, response = await acall_with_retry(
+            send, retry=self.retry, deadline=ctx.deadline,
+            transient=stream_transient(meter, _transient), cancel=ctx.cancel)
+        return self._stream_result(cut, response, names, meter, params)
+
+    def _stream_result(self, cut: Cut | None, response: Any, names: ToolNames,
+                       meter: StreamMeter, params: dict[str, Any]) -> Any:
+        if cut == "cancelled":
+            return malformed(cancelled_reason())
+        if cut == "limit":
+            return meter.cut(self.price)
+        return self._parse(response, names, self._sent_max(params))
 
     async def _astep(self, history: list[Any], ctx: Any) -> Any:
         params, names = self._prepare(history, ctx)
@@ -286,9 +379,11 @@ class _OpenAIModel:
         def send(timeout: float | None) -> Awaitable[Any]:
             return create(**params) if timeout is None else create(**params, timeout=timeout)
 
+        if self.stream:
+            return await self._astreamed(params, names, ctx)
         response = await acall_with_retry(send, retry=self.retry, deadline=ctx.deadline,
                                           transient=_transient, cancel=ctx.cancel)
-        return self._parse(response, names)
+        return self._parse(response, names, self._sent_max(params))
 
     def _tools(self, ctx: Any, names: ToolNames) -> list[tuple[str, str, dict[str, Any]]]:
         tools = []
@@ -326,7 +421,7 @@ class OpenAIChatModel(_OpenAIModel):
         params: dict[str, Any] = dict(self.extra)
         params["model"] = self.model
         params["messages"] = self._messages(history, names)
-        params["max_completion_tokens"] = self.max_tokens
+        params["max_completion_tokens"] = capped_max_tokens(self.max_tokens, ctx)
         tools = self._tools(ctx, names)
         if tools:
             params["tools"] = [
@@ -337,6 +432,18 @@ class OpenAIChatModel(_OpenAIModel):
             if not ctx.tools_allowed:
                 params["tool_choice"] = "none"
         return params
+
+    def _sent_max(self, params: dict[str, Any]) -> int | None:
+        sent: int | None = params.get("max_completion_tokens")
+        return sent
+
+    def _stream_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        options = dict(params.get("stream_options") or {})
+        options["include_usage"] = True
+        return {**params, "stream": True, "stream_options": options}
+
+    def _reader(self, meter: StreamMeter) -> _Reader:
+        return _ChatReader(meter)
 
     def _messages(self, history: list[Any], names: ToolNames) -> list[dict[str, Any]]:
         messages: list[dict[str, Any]] = []
@@ -370,7 +477,7 @@ class OpenAIChatModel(_OpenAIModel):
                         "content": _result_content(result)})
         return out
 
-    def _parse(self, response: Any, names: ToolNames) -> Any:
+    def _parse(self, response: Any, names: ToolNames, max_tokens: int | None = None) -> Any:
         usage = self._usage(_field(response, "usage"))
         choices = _field(response, "choices") or []
         if not choices:
@@ -381,7 +488,8 @@ class OpenAIChatModel(_OpenAIModel):
         if finish == "length":
             return malformed(
                 "the model stopped at its output limit (finish_reason `length`, "
-                f"max_completion_tokens={self.max_tokens}) before it finished its answer", usage)
+                f"max_completion_tokens={_limit(self.max_tokens, max_tokens)}) before it "
+                "finished its answer", usage)
         if finish == "content_filter":
             return malformed("the provider's content filter stopped the answer "
                              "(finish_reason `content_filter`)", usage)
@@ -467,7 +575,8 @@ class OpenAIResponsesModel(_OpenAIModel):
         params["input"] = self._input(history, names)
         if self.system:
             params["instructions"] = self.system
-        params["max_output_tokens"] = self.max_tokens
+        params["max_output_tokens"] = capped_max_tokens(self.max_tokens, ctx,
+                                                        floor=_RESPONSES_MIN_OUTPUT)
         tools = self._tools(ctx, names)
         if tools:
             params["tools"] = [
@@ -477,6 +586,16 @@ class OpenAIResponsesModel(_OpenAIModel):
             if not ctx.tools_allowed:
                 params["tool_choice"] = "none"
         return params
+
+    def _sent_max(self, params: dict[str, Any]) -> int | None:
+        sent: int | None = params.get("max_output_tokens")
+        return sent
+
+    def _stream_params(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {**params, "stream": True}
+
+    def _reader(self, meter: StreamMeter) -> _Reader:
+        return _ResponsesReader(meter)
 
     def _input(self, history: list[Any], names: ToolNames) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
@@ -521,7 +640,7 @@ class OpenAIResponsesModel(_OpenAIModel):
                         "output": _result_content(result)})
         return out
 
-    def _parse(self, response: Any, names: ToolNames) -> Any:
+    def _parse(self, response: Any, names: ToolNames, max_tokens: int | None = None) -> Any:
         usage = self._usage(_field(response, "usage"))
         status = _field(response, "status")
         if status == "failed":
@@ -534,7 +653,8 @@ class OpenAIResponsesModel(_OpenAIModel):
             if reason == "max_output_tokens":
                 return malformed(
                     "the model stopped at its output limit (status `incomplete`, reason "
-                    f"`max_output_tokens`, max_output_tokens={self.max_tokens}) before it "
+                    f"`max_output_tokens`, max_output_tokens="
+                    f"{_limit(self.max_tokens, max_tokens)}) before it "
                     "finished its answer", usage)
             if reason == "content_filter":
                 return malformed("the provider's content filter stopped the answer (status "
@@ -596,6 +716,146 @@ class AsyncOpenAIResponsesModel(OpenAIResponsesModel):
 
 OpenAIResponsesModel._SYNC = OpenAIResponsesModel
 OpenAIResponsesModel._ASYNC = AsyncOpenAIResponsesModel
+
+
+# --- streaming ------------------------------------------------------------------------------
+
+#: The smallest ``max_output_tokens`` the Responses API accepts.
+_RESPONSES_MIN_OUTPUT = 16
+
+
+def _limit(declared: int, sent: int | None) -> str:
+    """The output maximum a length stop names: the one sent, saying when the run's
+    remaining output tokens lowered it."""
+    if sent is None or sent == declared:
+        return f"{declared}"
+    return f"{sent}, lowered to what the run had left of its output tokens"
+
+
+class _Reader:
+    """Reads one stream's events: counts their output on the meter, returns each text
+    delta, and gives the response they add up to (what the non-streaming call returns)."""
+
+    def __init__(self, meter: StreamMeter) -> None:
+        self.meter = meter
+
+    def read(self, event: Any) -> str | None:
+        raise NotImplementedError
+
+    def result(self) -> Any:
+        raise NotImplementedError
+
+
+class _ChatReader(_Reader):
+    """Chat Completions chunks, assembled into the completion's dict form: the text, the
+    refusal, each tool call's id, name and arguments (joined from their deltas by index),
+    the finish reason, and the usage of the last chunk (``include_usage``)."""
+
+    def __init__(self, meter: StreamMeter) -> None:
+        super().__init__(meter)
+        self.id: Any = None
+        self.model: Any = None
+        self.content: list[str] = []
+        self.refusal: list[str] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish: Any = None
+        self.usage: Any = None
+        self.chunks = 0
+
+    def read(self, event: Any) -> str | None:
+        self.chunks += 1
+        self.id = self.id or _field(event, "id")
+        self.model = self.model or _field(event, "model")
+        if _field(event, "usage") is not None:
+            self.usage = _field(event, "usage")
+        text: str | None = None
+        for choice in _field(event, "choices") or []:
+            if (_field(choice, "index") or 0) != 0:
+                continue
+            if _field(choice, "finish_reason"):
+                self.finish = _field(choice, "finish_reason")
+            delta = _field(choice, "delta")
+            if delta is None:
+                continue
+            piece = _field(delta, "content")
+            if piece:
+                self.content.append(str(piece))
+                self.meter.count(str(piece))
+                text = (text or "") + str(piece)
+            refusal = _field(delta, "refusal")
+            if refusal:
+                self.refusal.append(str(refusal))
+                self.meter.count(str(refusal))
+            for call in _field(delta, "tool_calls") or []:
+                self._call(call)
+        return text
+
+    def _call(self, call: Any) -> None:
+        index = _field(call, "index") or 0
+        entry = self.calls.setdefault(index, {"id": "", "type": "function",
+                                              "function": {"name": "", "arguments": ""}})
+        if _field(call, "id"):
+            entry["id"] = str(_field(call, "id"))
+        if _field(call, "type"):
+            entry["type"] = str(_field(call, "type"))
+        function = _field(call, "function")
+        if function is not None:
+            if _field(function, "name"):
+                entry["function"]["name"] += str(_field(function, "name"))
+            arguments = _field(function, "arguments")
+            if arguments:
+                entry["function"]["arguments"] += str(arguments)
+                self.meter.count(str(arguments))
+
+    def result(self) -> dict[str, Any]:
+        if not self.chunks:
+            raise RuntimeError("the provider's stream ended before its first chunk")
+        message: dict[str, Any] = {"role": "assistant",
+                                   "content": "".join(self.content) or None,
+                                   "refusal": "".join(self.refusal) or None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[i] for i in sorted(self.calls)]
+        return {"id": self.id, "model": self.model, "usage": self.usage,
+                "choices": [{"index": 0, "message": message, "finish_reason": self.finish}]}
+
+
+#: Responses stream events whose ``delta`` is output the model generates.
+_COUNTED = frozenset({"response.function_call_arguments.delta", "response.refusal.delta",
+                      "response.reasoning_text.delta", "response.reasoning_summary_text.delta",
+                      "response.custom_tool_call_input.delta"})
+#: The events that end a Responses stream, each with the whole response.
+_TERMINAL = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class _ResponsesReader(_Reader):
+    """Responses API events: text deltas from ``response.output_text.delta``; the response
+    itself (output items, usage, status) from the terminal event."""
+
+    def __init__(self, meter: StreamMeter) -> None:
+        super().__init__(meter)
+        self.response: Any = None
+
+    def read(self, event: Any) -> str | None:
+        kind = _field(event, "type")
+        if kind == "response.output_text.delta":
+            text = str(_field(event, "delta") or "")
+            self.meter.count(text)
+            return text
+        if kind in _COUNTED:
+            self.meter.count(str(_field(event, "delta") or ""))
+        elif kind in _TERMINAL:
+            self.response = _field(event, "response")
+        elif kind == "error":
+            raise RuntimeError(f"the Responses API stream reports an error: "
+                               f"{_field(event, 'code') or 'no code'}: "
+                               f"{_field(event, 'message') or 'no message'}")
+        return None
+
+    def result(self) -> Any:
+        if self.response is None:
+            raise RuntimeError("the provider's stream ended before the response was complete "
+                               "(no response.completed event)")
+        return self.response
 
 
 # --- shared --------------------------------------------------------------------------------

@@ -568,6 +568,15 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
                       Stop("cancelled", detail="The model's last response was discarded."))
     parsed = parse_response(reply.response)
     if isinstance(parsed, Malformed):
+        over = None if parsed.usage is None or parsed.limit is None else exceeded(
+            budget, state.usage - reservation + priced(parsed.usage, price))
+        if over is not None:
+            # A streamed turn the adapter cut because the run's limit was spent: its usage
+            # puts the run over that limit, so step 6 ends the run, retries or not. Other
+            # malformed turns keep SPEC 5's order (step 5 before the charge of step 6).
+            return failed("malformed", parsed.reason, Stop(
+                "limit_exceeded", over, f"The model's last turn was not usable "
+                f"({parsed.reason.rstrip('.')})."), parsed.usage)
         retries = budget.malformed_retries
         if retries is None or state.malformed + 1 <= retries:
             out = failed("malformed", parsed.reason, None, parsed.usage)
