@@ -1,0 +1,340 @@
+"""boundloop.integrations.pydantic_ai: an unmodified Pydantic AI agent run under boundloop.
+
+Pydantic AI's own test models (TestModel, FunctionModel) stand in for a provider: no network.
+Every test checks the run's status and counters, the journal, and what the tools really did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic import BaseModel  # noqa: E402
+from pydantic_ai import Agent, ModelRetry, RunContext  # noqa: E402
+from pydantic_ai.messages import (  # noqa: E402
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    SystemPromptPart,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+from pydantic_ai.models.test import TestModel  # noqa: E402
+
+import boundloop as bl  # noqa: E402
+from boundloop import events as ev  # noqa: E402
+from boundloop.integrations import current_call  # noqa: E402
+from boundloop.integrations.pydantic_ai import BoundloopAgent  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(__file__).with_name("guest_crash_worker.py")
+
+
+def kinds(events: list[Any]) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+def returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    return [p for m in messages if isinstance(m, ModelRequest) for p in m.parts
+            if isinstance(p, ToolReturnPart)]
+
+
+# -- 1. an unmodified agent runs to final, every call decided and journaled first ------------
+def test_unmodified_agent_runs_to_final_with_intent_before_every_effect(tmp_path: Path) -> None:
+    effects: list[tuple[str, str, list[str]]] = []
+    runner_box: list[bl.Runner] = []
+
+    def journal_now() -> list[str]:
+        call = current_call()
+        if call is None or not runner_box:
+            return []
+        return [f"{type(e).__name__}:{getattr(e, 'execution_id', '')}"
+                for e in runner_box[0].journal.events(call.run_id)]
+
+    agent = Agent(TestModel(), name="calc", system_prompt="Be brief.", deps_type=int)
+
+    @agent.tool
+    def add(ctx: RunContext[int], x: int, y: int) -> int:
+        """Add two numbers and the offset."""
+        call = current_call()
+        effects.append(("add", call.execution_id if call else "", journal_now()))
+        return x + y + ctx.deps
+
+    @agent.tool_plain
+    async def echo(text: str) -> str:
+        """Say it back."""
+        call = current_call()
+        effects.append(("echo", call.execution_id if call else "", journal_now()))
+        return text.upper()
+
+    alone = agent.run_sync("sum it", deps=5)
+    effects.clear()
+    bound = BoundloopAgent(agent, deps=5, budget=bl.Budget(max_parallel=2))
+    with bl.Runner(tmp_path / "j") as runner:
+        runner_box.append(runner)
+        out = bound.run(runner, "sum it")
+        events = list(runner.journal.events(out.run_id))
+    assert out.status == "final" and out.result.exhausted_limit is None
+    assert out.output == alone.output == '{"add":5,"echo":"A"}'
+    assert out.result.transcript[-1].text == alone.output
+    assert out.result.model_steps == 2 and out.result.tool_calls == 2
+    assert sorted(name for name, _, _ in effects) == ["add", "echo"]
+    # Each tool ran once, by boundloop, after its intent and its dispatch were durable.
+    for _name, execution, seen in effects:
+        assert f"CallDecided:{execution}" in seen
+        assert f"CallDispatched:{execution}" in seen
+        assert seen.index(f"CallDecided:{execution}") < seen.index(f"CallDispatched:{execution}")
+        assert f"CallSucceeded:{execution}" not in seen
+    decided = [e for e in events if isinstance(e, ev.CallDecided)]
+    assert sorted(e.tool for e in decided) == ["add", "echo"]
+    assert kinds(events)[0] == "RunAdmitted" and kinds(events)[-1] == "RunFinished"
+    admitted = events[0]
+    assert getattr(admitted, "agent", None) == "calc"
+    assert out.result.usage.input_tokens > 0 and out.result.usage.output_tokens > 0
+
+
+def test_each_step_starts_afresh_from_the_journal_history(tmp_path: Path) -> None:
+    seen: list[list[ModelMessage]] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(list(messages))
+        done = len(returns(messages))
+        if done < 2:
+            return ModelResponse(parts=[TextPart(f"step {done}"), ToolCallPart(
+                "lookup", {"key": f"k{done}"}, tool_call_id=f"call-{done}")], model_name="fn-1")
+        return ModelResponse(parts=[TextPart("found both")], model_name="fn-1")
+
+    agent = Agent(FunctionModel(model, model_name="fn-1"), name="finder",
+                  system_prompt="You find things.")
+    ran: list[str] = []
+
+    @agent.tool_plain
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        ran.append(key)
+        if key == "k1":
+            raise ModelRetry("k1 is spelled K1")
+        return f"value of {key}"
+
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent).run(runner, "find k0 and k1")
+        events = list(runner.journal.events(out.run_id))
+    assert out.status == "final" and out.output == "found both"
+    assert ran == ["k0", "k1"] and len(seen) == 3     # one real request per step
+    assert out.result.model_steps == 3 and out.result.tool_calls == 2
+    # Every request opened with the agent's system prompt, though steps 2 and 3 were
+    # started from boundloop's history, not from Pydantic AI's memory.
+    for messages in seen:
+        first = messages[0]
+        assert isinstance(first, ModelRequest)
+        assert [p.content for p in first.parts if isinstance(p, SystemPromptPart)] == [
+            "You find things."]
+    # The third request saw both steps: the text and calls verbatim, the results with
+    # Pydantic AI's outcomes (a ModelRetry from the tool is a retry for the model).
+    last = seen[2]
+    assert [p.tool_call_id for m in last if isinstance(m, ModelResponse) for p in m.parts
+            if isinstance(p, ToolCallPart)] == ["call-0", "call-1"]
+    assert [(r.outcome, r.content) for r in returns(last)] == [
+        ("success", "value of k0"), ("retried", "k1 is spelled K1")]
+    failed = [e for e in events if isinstance(e, ev.CallFailed)]
+    assert [(e.error_category, e.content) for e in failed] == [
+        ("ModelRetry", "ModelRetry: k1 is spelled K1")]
+    completed = {(c.tool, c.status) for c in out.result.completed}
+    assert completed == {("lookup", "ok"), ("lookup", "error")}
+    # The response's model name is recorded with each step (bl.ResponseInfo).
+    steps = [e for e in events if isinstance(e, ev.ModelStepCompleted)]
+    assert [getattr(e.response.info, "model", None) for e in steps] == ["fn-1"] * 3
+
+
+# -- 2. budgets stop it ----------------------------------------------------------------------
+def keeps_calling(tool: str, seen: list[AgentInfo] | None = None) -> FunctionModel:
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if seen is not None:
+            seen.append(info)
+        return ModelResponse(parts=[ToolCallPart(tool, {"n": len(returns(messages))})])
+
+    return FunctionModel(model)
+
+
+def counting_agent(model: FunctionModel, ran: list[int]) -> Agent[None, str]:
+    agent = Agent(model, name="looper")
+
+    @agent.tool_plain
+    def bump(n: int) -> int:
+        """Count once."""
+        ran.append(n)
+        return n + 1
+
+    return agent
+
+
+def test_max_tool_calls_stops_an_agent_that_keeps_calling(tmp_path: Path) -> None:
+    ran: list[int] = []
+    bound = BoundloopAgent(counting_agent(keeps_calling("bump"), ran),
+                           budget=bl.Budget(max_tool_calls=2, max_model_steps=10))
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "count forever")
+        events = list(runner.journal.events(out.run_id))
+    assert out.status == "limit_exceeded" and out.result.exhausted_limit == "tool_calls"
+    assert "max_tool_calls=2" in out.result.explanation
+    assert ran == [0, 1] and out.result.tool_calls == 2 and out.output is None
+    assert sum(isinstance(e, ev.CallDispatched) for e in events) == 2
+    assert isinstance(events[-1], ev.RunFinished) and events[-1].status == "limit_exceeded"
+
+
+def test_max_model_steps_stops_it_and_the_last_step_offers_no_tools(tmp_path: Path) -> None:
+    ran: list[int] = []
+    infos: list[AgentInfo] = []
+    bound = BoundloopAgent(counting_agent(keeps_calling("bump", infos), ran),
+                           budget=bl.Budget(max_model_steps=3, max_tool_calls=20))
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "count forever")
+    assert out.status == "limit_exceeded" and out.result.exhausted_limit == "model_steps"
+    assert "3" in out.result.explanation
+    assert ran == [0, 1] and out.result.model_steps == 3 and out.result.tool_calls == 2
+    # The final-only step (reserve_final_step) offered the model no function tool.
+    assert [sorted(t.name for t in i.function_tools) for i in infos] == [["bump"], ["bump"], []]
+
+
+# -- 3. structured output and output validation ---------------------------------------------
+class Verdict(BaseModel):
+    city: str
+    sunny: bool
+
+
+def test_structured_output_ends_final_with_the_validated_object(tmp_path: Path) -> None:
+    agent = Agent(TestModel(custom_output_args={"city": "Paris", "sunny": True}),
+                  name="weather", output_type=Verdict)
+    ran: list[str] = []
+
+    @agent.tool_plain
+    def forecast(city: str) -> str:
+        """The forecast for a city."""
+        ran.append(city)
+        return "sun"
+
+    alone = agent.run_sync("weather in Paris?").output
+    ran.clear()
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent).run(runner, "weather in Paris?")
+    assert out.status == "final"
+    assert isinstance(out.output, Verdict) and out.output == alone == Verdict(
+        city="Paris", sunny=True)
+    assert out.result.transcript[-1].text == out.output.model_dump_json()
+    assert ran == ["a"] and out.result.tool_calls == 1 and out.result.model_steps == 2
+
+
+def picky_agent(rejections: int) -> tuple[Agent[None, Verdict], list[Verdict]]:
+    checked: list[Verdict] = []
+    agent = Agent(TestModel(custom_output_args={"city": "paris", "sunny": True}),
+                  name="picky", output_type=Verdict)
+
+    @agent.output_validator
+    def capitalised(output: Verdict) -> Verdict:
+        checked.append(output)
+        if len(checked) <= rejections:
+            raise ModelRetry("the city must be capitalised")
+        return Verdict(city=output.city.title(), sunny=output.sunny)
+
+    return agent, checked
+
+
+def test_output_validator_rejecting_once_is_malformed_then_retried(tmp_path: Path) -> None:
+    agent, checked = picky_agent(rejections=1)
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent, budget=bl.Budget(malformed_retries=1)).run(runner, "go")
+        events = list(runner.journal.events(out.run_id))
+        strict_agent, _ = picky_agent(rejections=1)
+        strict = BoundloopAgent(strict_agent).run(runner, "go")
+    assert out.status == "final" and out.output == Verdict(city="Paris", sunny=True)
+    assert len(checked) == 2 and out.result.model_steps == 2
+    notices = [m.text for m in out.result.transcript if m.kind == "notice"]
+    assert len(notices) == 1 and "the city must be capitalised" in notices[0]
+    assert any(isinstance(e, ev.NoticeAdded) for e in events)
+    # Without a malformed retry, the refusal ends the run, saying what was refused.
+    assert strict.status == "malformed_response" and strict.output is None
+    assert "the city must be capitalised" in strict.result.explanation
+    assert strict.result.model_steps == 1
+
+
+# -- 7. idempotency keys and tool options ----------------------------------------------------
+def test_tools_see_their_idempotency_key_and_tool_options_apply(tmp_path: Path) -> None:
+    attempts: list[tuple[str, int, int]] = []
+    calls = iter(range(100))
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not returns(messages):
+            return ModelResponse(parts=[ToolCallPart("pay", {"cents": 500},
+                                                     tool_call_id=f"p{next(calls)}")])
+        return ModelResponse(parts=[TextPart("paid")])
+
+    agent = Agent(FunctionModel(model), name="payer")
+
+    @agent.tool_plain
+    def pay(cents: int) -> str:
+        """Pay."""
+        call = current_call()
+        assert call is not None
+        attempts.append((call.idempotency_key, call.attempt, call.epoch))
+        if call.attempt < 3:
+            raise ConnectionError("gateway hiccup")
+        return f"paid {cents}"
+
+    bound = BoundloopAgent(agent, tool_options={"pay": {
+        "idempotent": True, "retry": bl.RetryPolicy(max_attempts=3, backoff_s=0.0)}})
+    tool = next(t for t in bound.agent.tools if t.name == "pay")
+    assert tool.idempotent and not tool.irreversible
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "pay")
+        events = list(runner.journal.events(out.run_id))
+    assert out.status == "final" and out.output == "paid"
+    keys = {key for key, _, _ in attempts}
+    assert len(keys) == 1 and [a for _, a, _ in attempts] == [1, 2, 3]
+    assert all(epoch >= 1 for _, _, epoch in attempts)
+    decided = [e for e in events if isinstance(e, ev.CallDecided)]
+    assert [e.idempotency_key for e in decided] == list(keys)
+    assert out.result.tool_calls == 3     # every retry attempt counts
+    assert [(c.tool, c.status, c.attempts) for c in out.result.completed] == [("pay", "ok", 3)]
+    irreversible = BoundloopAgent(agent, name="payer2",
+                                  tool_options={"pay": {"irreversible": True}})
+    assert next(t for t in irreversible.agent.tools if t.name == "pay").irreversible
+    with pytest.raises(bl.ConfigError, match="refund"):
+        _ = BoundloopAgent(agent, name="x", tool_options={"refund": {"idempotent": True}}).agent
+
+
+def test_configuration_errors_and_the_missing_extra(tmp_path: Path) -> None:
+    with pytest.raises(bl.ConfigError, match="name"):
+        BoundloopAgent(Agent(TestModel()))
+    with pytest.raises(bl.ConfigError, match="pydantic_ai.Agent"):
+        BoundloopAgent(object(), name="x")  # type: ignore[arg-type]
+    with pytest.raises(bl.ConfigError, match="not both"):
+        BoundloopAgent(Agent(TestModel()), name="x", deps=1, deps_factory=lambda run: 2)
+    code = ("import sys; sys.modules['pydantic_ai'] = None\n"
+            "import boundloop, boundloop.integrations\n"
+            "assert 'pydantic_ai' not in sys.modules or sys.modules['pydantic_ai'] is None\n"
+            "try:\n"
+            "    import boundloop.integrations.pydantic_ai\n"
+            "except boundloop.ConfigError as exc:\n"
+            "    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "boundloop[pydantic-ai]" in done.stdout
+    plain = subprocess.run([sys.executable, "-c", "import sys, boundloop; "
+                            "boundloop.Runner; print('pydantic_ai' in sys.modules)"],
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert plain.stdout.strip() == "False", plain.stderr
