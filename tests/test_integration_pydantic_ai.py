@@ -281,19 +281,22 @@ def test_tools_see_their_idempotency_key_and_tool_options_apply(tmp_path: Path) 
                                                      tool_call_id=f"p{next(calls)}")])
         return ModelResponse(parts=[TextPart("paid")])
 
-    agent = Agent(FunctionModel(model), name="payer")
+    agent = Agent(FunctionModel(model), name="payer", deps_type=dict)
 
-    @agent.tool_plain
-    def pay(cents: int) -> str:
+    @agent.tool
+    def pay(ctx: RunContext[dict[str, str]], cents: int) -> str:
         """Pay."""
         call = current_call()
         assert call is not None
+        assert ctx.deps == {"for": call.run_id}      # made by deps_factory, per run
+        assert ctx.tool_call_id == call.call_id and ctx.retry == call.attempt - 1
         attempts.append((call.idempotency_key, call.attempt, call.epoch))
         if call.attempt < 3:
             raise ConnectionError("gateway hiccup")
         return f"paid {cents}"
 
-    bound = BoundloopAgent(agent, tool_options={"pay": {
+    bound = BoundloopAgent(agent, deps_factory=lambda run_id: {"for": run_id},
+                           tool_options={"pay": {
         "idempotent": True, "retry": bl.RetryPolicy(max_attempts=3, backoff_s=0.0)}})
     tool = next(t for t in bound.agent.tools if t.name == "pay")
     assert tool.idempotent and not tool.irreversible
@@ -313,6 +316,20 @@ def test_tools_see_their_idempotency_key_and_tool_options_apply(tmp_path: Path) 
     assert next(t for t in irreversible.agent.tools if t.name == "pay").irreversible
     with pytest.raises(bl.ConfigError, match="refund"):
         _ = BoundloopAgent(agent, name="x", tool_options={"refund": {"idempotent": True}}).agent
+
+
+def test_a_failing_model_is_a_model_error_and_nothing_runs(tmp_path: Path) -> None:
+    def broken(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        raise RuntimeError("provider unavailable")
+
+    ran: list[int] = []
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(counting_agent(FunctionModel(broken), ran)).run(runner, "go")
+        events = list(runner.journal.events(out.run_id))
+    assert out.status == "model_error" and out.output is None and ran == []
+    assert "provider unavailable" in out.result.explanation
+    assert out.result.model_steps == 1 and out.result.tool_calls == 0
+    assert any(isinstance(e, ev.ModelStepFailed) for e in events)
 
 
 def test_configuration_errors_and_the_missing_extra(tmp_path: Path) -> None:
@@ -338,3 +355,177 @@ def test_configuration_errors_and_the_missing_extra(tmp_path: Path) -> None:
                            capture_output=True, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert plain.stdout.strip() == "False", plain.stderr
+
+
+# -- 4. SIGKILL mid-call: recovery never runs the tool again by itself -----------------------
+def worker_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+
+
+def crash(journal: Path, effects: Path, kind: str) -> None:
+    proc = subprocess.run([sys.executable, str(WORKER), str(journal), str(effects), kind,
+                           "--die"], capture_output=True, text=True, timeout=120,
+                          env=worker_env())
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["plain", "irreversible"])
+def test_sigkill_mid_call_leaves_a_non_idempotent_tool_to_a_person(tmp_path: Path,
+                                                                   kind: str) -> None:
+    from guest_crash_worker import RUN_ID, build, effect_lines
+
+    journal, effects = tmp_path / "j", tmp_path / "effects"
+    crash(journal, effects, kind)
+    assert len(effect_lines(effects)) == 1          # the tool's effect happened, then death
+    with bl.Runner(journal) as runner:
+        recovered = runner.recover()
+        assert [r.run_id for r in recovered] == [RUN_ID]
+        (action,) = recovered[0].unresolved
+        assert (action.tool, action.call_id, action.phase) == ("ship", "ship-1", "dispatched")
+        assert action.idempotency_key == effect_lines(effects)[0]
+        bound = build(effects, kind)
+        out = bound.resume(runner, RUN_ID)
+        # SPEC 6: a tool neither idempotent nor reconcilable is never re-run by recovery:
+        # its outcome is unknown, so the run waits for a person.
+        assert out.status == "needs_review" and out.output is None
+        assert [u.execution_id for u in out.result.unresolved] == [action.execution_id]
+        assert "ship" in out.result.explanation and "not idempotent" in out.result.explanation
+        assert len(effect_lines(effects)) == 1
+        # A person says it took effect; the agent then goes on from the journal alone.
+        runner.resolve(RUN_ID, action.execution_id, "succeeded", note="the box left")
+        done = build(effects, kind).resume(runner, RUN_ID)
+        events = list(runner.journal.events(RUN_ID))
+    assert done.status == "final" and done.output == "shipping: success"
+    assert len(effect_lines(effects)) == 1          # never run twice
+    assert sum(isinstance(e, ev.CallDispatched) for e in events) == 1
+    assert [m.kind for m in done.result.transcript] == [
+        "user", "assistant", "call", "tool_result", "final"]
+    show = subprocess.run([sys.executable, "-m", "boundloop", "--journal", str(journal),
+                           "show", RUN_ID], capture_output=True, text=True, timeout=60,
+                          env=worker_env())
+    assert show.returncode == 0, show.stderr
+    for word in ("ship-1", "ship", "CallDecided", "CallDispatched", "CallResolved", "final",
+                 "shipper"):
+        assert word in show.stdout, word
+
+
+def test_sigkill_mid_call_retries_an_idempotent_tool_under_the_same_key(tmp_path: Path) -> None:
+    from guest_crash_worker import RUN_ID, build, effect_lines
+
+    journal, effects = tmp_path / "j", tmp_path / "effects"
+    crash(journal, effects, "idempotent")
+    with bl.Runner(journal) as runner:
+        (recovered,) = runner.recover()
+        out = build(effects, "idempotent").resume(runner, RUN_ID)
+    assert out.status == "final" and out.output == "shipping: success"
+    keys = effect_lines(effects)
+    assert len(keys) == 2 and keys[0] == keys[1] == recovered.unresolved[0].idempotency_key
+    assert out.result.tool_calls == 2               # the retry attempt counts
+    assert [(c.tool, c.status, c.attempts) for c in out.result.completed] == [("ship", "ok", 2)]
+
+
+# -- 5. parallel delegation shares one limit (pydantic-ai-harness #696) ----------------------
+def test_parallel_delegations_never_pass_the_parents_tool_call_limit(tmp_path: Path) -> None:
+    executed: list[str] = []
+    lock = threading.Lock()
+    children: list[Any] = []
+
+    def sub_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart("count", {"n": len(returns(messages))})])
+
+    worker = Agent(FunctionModel(sub_model), name="researcher")
+
+    @worker.tool_plain
+    async def count(n: int) -> int:
+        """Count one more thing (a counted side effect)."""
+        with lock:
+            executed.append(f"count {n}")
+        await asyncio.sleep(0.01)
+        return n + 1
+
+    sub = BoundloopAgent(worker, budget=bl.Budget(max_tool_calls=50, max_model_steps=50))
+
+    def boss_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not returns(messages):
+            return ModelResponse(parts=[ToolCallPart("delegate", {"task": f"topic {i}"},
+                                                     tool_call_id=f"d{i}") for i in range(4)])
+        return ModelResponse(parts=[TextPart("summarised")])
+
+    boss = Agent(FunctionModel(boss_model), name="boss")
+
+    @boss.tool_plain
+    async def delegate(task: str) -> str:
+        """Hand a task to a researcher."""
+        with lock:
+            executed.append(f"delegate {task}")
+        child = await sub.arun_child(task)
+        children.append(child)
+        return f"{child.status}: {child.result.explanation}"
+
+    bound = BoundloopAgent(boss, budget=bl.Budget(max_tool_calls=9, max_parallel=4))
+
+    async def main() -> Any:
+        async with bl.Runner(tmp_path / "j") as runner:
+            out = await bound.arun(runner, "research four topics")
+            return out, list(runner.journal.events(out.run_id)), {
+                c.run_id: list(runner.journal.events(c.run_id)) for c in children}
+
+    out, events, child_events = asyncio.run(main())
+    # Every tool call anyone made, parent and children together, stayed within 9.
+    assert len(executed) <= 9
+    assert sum(e.startswith("delegate") for e in executed) == 4
+    assert out.result.tool_calls == len(executed)   # the journal counted every one
+    assert len(children) == 4
+    stopped = [c for c in children if c.status == "limit_exceeded"]
+    assert stopped and all(c.result.exhausted_limit == "tool_calls" for c in stopped)
+    assert all("max_tool_calls" in c.result.explanation for c in stopped)
+    # Each child is a nested run of the parent, in the same journal.
+    for run_events in child_events.values():
+        admitted = run_events[0]
+        assert isinstance(admitted, ev.RunAdmitted) and admitted.parent_run_id == out.run_id
+        assert admitted.agent == "researcher"
+    # The parent heard why its delegations stopped, and ended normally.
+    assert out.status == "final" and out.output == "summarised"
+    results = [m for m in out.result.transcript if m.kind == "tool_result"]
+    assert any("max_tool_calls" in str(m.content) for m in results)
+
+
+# -- 6. a worker serves the agent from the queue ---------------------------------------------
+def test_a_worker_serves_queued_runs_of_the_agent(tmp_path: Path) -> None:
+    ran: list[str] = []
+    agent = Agent(TestModel(), name="queued")
+
+    @agent.tool_plain
+    def note(text: str) -> str:
+        """Write a note."""
+        call = current_call()
+        ran.append(call.run_id if call else "?")
+        return "noted"
+
+    bound = BoundloopAgent(agent, version="7")
+    journal = tmp_path / "j"
+    with bl.Runner(journal) as runner:
+        for run_id in ("q1", "q2"):
+            assert runner.enqueue(bound.agent, prompt="take a note", run_id=run_id) == run_id
+    worker = bl.Worker(journal, [bound.agent], poll_s=0.02)
+    thread = threading.Thread(target=worker.serve)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        while len(worker.finished) < 2 and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert worker.finished == {"q1": "final", "q2": "final"}
+    assert sorted(ran) == ["q1", "q2"]
+    with bl.Runner(journal) as runner:
+        for run_id in ("q1", "q2"):
+            events = list(runner.journal.events(run_id))
+            admitted = events[0]
+            assert isinstance(admitted, ev.RunAdmitted)
+            assert (admitted.agent, admitted.agent_version) == ("queued", "7")
+            finished = events[-1]
+            assert isinstance(finished, ev.RunFinished) and finished.status == "final"
+            state = bl.replay(events)
+            assert state.tool_calls == 1 and state.transcript[-1].text == '{"note":"noted"}'

@@ -149,14 +149,18 @@ class BoundloopAgent(Guest):
         self.model_settings = model_settings
         self.price = price
         self._toolsets: dict[str, FunctionToolset[Any]] = {}
+        self._inferred: Model | None = None
 
     # -- the framework's model and dependencies ------------------------------------------------
     def _framework_model(self) -> Model:
-        chosen = self.model if self.model is not None else self.pydantic_agent.model
-        if chosen is None:
-            raise ConfigError(f"{self.name}: the pydantic_ai.Agent has no model: give "
-                              "BoundloopAgent(model=...) or create the agent with one")
-        return infer_model(chosen)
+        """The agent's model (a model name made a ``Model`` once, so its client is kept)."""
+        if self._inferred is None:
+            chosen = self.model if self.model is not None else self.pydantic_agent.model
+            if chosen is None:
+                raise ConfigError(f"{self.name}: the pydantic_ai.Agent has no model: give "
+                                  "BoundloopAgent(model=...) or create the agent with one")
+            self._inferred = infer_model(chosen)
+        return self._inferred
 
     async def _deps(self, run_id: str) -> Any:
         if self.deps_factory is None:
