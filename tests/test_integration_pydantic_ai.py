@@ -529,3 +529,77 @@ def test_a_worker_serves_queued_runs_of_the_agent(tmp_path: Path) -> None:
             assert isinstance(finished, ev.RunFinished) and finished.status == "final"
             state = bl.replay(events)
             assert state.tool_calls == 1 and state.transcript[-1].text == '{"note":"noted"}'
+
+
+# -- what the model said, and what it cost --------------------------------------------------
+def test_usage_text_and_odd_calls_are_converted_as_boundloop_counts_them(tmp_path: Path) -> None:
+    from pydantic_ai.usage import RequestUsage
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        usage = RequestUsage(input_tokens=1000, cache_read_tokens=600, cache_write_tokens=100,
+                             output_tokens=50)
+        done = returns(messages)
+        if not done:
+            return ModelResponse(parts=[TextPart("Let me check."), ToolCallPart(
+                "ghost", {"x": 1}, tool_call_id="g1")], usage=usage, model_name="m-1")
+        if len(done) == 1:
+            return ModelResponse(parts=[ToolCallPart("bump", '{"n": oops', tool_call_id="b1")],
+                                 usage=usage, model_name="m-1")
+        return ModelResponse(parts=[TextPart("done")], usage=usage, model_name="m-1")
+
+    ran: list[int] = []
+    seen: list[list[ModelMessage]] = []
+
+    def recording(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(list(messages))
+        return model(messages, info)
+
+    bound = BoundloopAgent(counting_agent(FunctionModel(recording, model_name="m-1"), ran),
+                           budget=bl.Budget(malformed_retries=1))
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "go")
+    assert out.status == "malformed_response" and ran == []
+    # SPEC 7: input_tokens is the uncached input; cache reads and writes are apart.
+    step_usage = bl.Usage(input_tokens=300, output_tokens=50, cache_write_tokens=100,
+                          cache_read_tokens=600)
+    assert out.result.usage.input_tokens == 3 * step_usage.input_tokens
+    assert out.result.usage.cache_read_tokens == 3 * 600
+    assert out.result.usage.cache_write_tokens == 3 * 100
+    # The text said alongside the calls is kept, and sent back verbatim.
+    assistant = [m for m in out.result.transcript if m.kind == "assistant"]
+    assert [m.text for m in assistant] == ["Let me check."]
+    # A call to a tool the agent does not have is an unknown_tool result the model sees as
+    # a retry; arguments that are not JSON make the response malformed, naming the call.
+    results = [m for m in out.result.transcript if m.kind == "tool_result"]
+    assert [r.status for r in results] == ["unknown_tool"]
+    assert [(r.outcome, r.tool_name) for r in returns(seen[1])] == [("retried", "ghost")]
+    assert [p.content for p in seen[1][1].parts if isinstance(p, TextPart)] == ["Let me check."]
+    assert "call 1 (`bump`)" in out.result.explanation
+    assert "not valid JSON" in out.result.explanation and out.result.model_steps == 3
+
+
+def test_a_tool_that_requires_approval_waits_for_a_person(tmp_path: Path) -> None:
+    ran: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not returns(messages):
+            return ModelResponse(parts=[ToolCallPart("wire", {"cents": 100}, tool_call_id="w1")])
+        return ModelResponse(parts=[TextPart(f"wired: {returns(messages)[0].outcome}")])
+
+    agent = Agent(FunctionModel(model), name="banker")
+
+    @agent.tool_plain(requires_approval=True)
+    def wire(cents: int) -> str:
+        """Wire money."""
+        ran.append(cents)
+        return "sent"
+
+    bound = BoundloopAgent(agent)
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "wire 1 dollar", run_id="wire-1")
+        assert out.status == "awaiting_approval" and ran == []
+        events = list(runner.journal.events("wire-1"))
+        (asked,) = [e for e in events if isinstance(e, ev.ApprovalRequested)]
+        runner.approve("wire-1", asked.execution_id, by="alice", note="ok")
+        done = bound.resume(runner, "wire-1")
+    assert done.status == "final" and done.output == "wired: success" and ran == [100]

@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from boundloop.errors import ConfigError
@@ -57,7 +58,13 @@ from ._guest import Guest, GuestTool, OneRequest
 try:
     import pydantic_ai
     from pydantic_ai import messages as pm
-    from pydantic_ai.models import Model, ModelRequestParameters, infer_model
+    from pydantic_ai.models import (
+        CompletedStreamedResponse,
+        Model,
+        ModelRequestParameters,
+        StreamedResponse,
+        infer_model,
+    )
     from pydantic_ai.models.wrapper import WrapperModel
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import RunContext
@@ -309,9 +316,18 @@ class _StepModel(WrapperModel):
             send, lambda response: self._guest.convert(response, params, system),
             retry_reason=_retry_reason(messages))
 
-    def request_stream(self, *args: Any, **kwargs: Any) -> Any:
-        raise ConfigError("boundloop runs a Pydantic AI agent one request at a time, "
-                          "without streaming")
+    @asynccontextmanager
+    async def request_stream(self, messages: list[pm.ModelMessage],
+                             model_settings: ModelSettings | None,
+                             model_request_parameters: ModelRequestParameters,
+                             run_context: RunContext[Any] | None = None,
+                             ) -> AsyncIterator[StreamedResponse]:
+        """A streamed request (an agent with an ``event_stream_handler``) is made as one
+        whole request, then replayed as the stream's events."""
+        response = await self.request(messages, model_settings, model_request_parameters)
+        yield CompletedStreamedResponse(response,
+                                        model_request_parameters=model_request_parameters,
+                                        replay_events=True)
 
 
 # --- history: boundloop messages -> Pydantic AI messages ---------------------------------------
