@@ -7,6 +7,8 @@ Every test checks the run's status and counters, the journal, and what the tools
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import datetime
 import os
 import signal
 import subprocess
@@ -235,6 +237,37 @@ def test_structured_output_ends_final_with_the_validated_object(tmp_path: Path) 
         city="Paris", sunny=True)
     assert out.result.transcript[-1].text == out.output.model_dump_json()
     assert ran == ["a"] and out.result.tool_calls == 1 and out.result.model_steps == 2
+
+
+class Order(BaseModel):
+    id: int
+    placed: datetime.datetime
+
+
+@dataclasses.dataclass
+class Parcel:
+    grams: int
+
+
+def test_tool_results_reach_the_model_as_pydantic_ai_sends_them(tmp_path: Path) -> None:
+    agent = Agent(TestModel(), name="shop")
+
+    @agent.tool_plain
+    def order(n: int) -> Order:
+        """An order."""
+        return Order(id=n, placed=datetime.datetime(2026, 1, 2, 3, 4))
+
+    @agent.tool_plain
+    def parcel(n: int) -> Parcel:
+        """A parcel."""
+        return Parcel(grams=n)
+
+    alone = agent.run_sync("go").output
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent).run(runner, "go")
+    assert out.status == "final" and out.output == alone
+    assert [m.content for m in out.result.transcript if m.kind == "tool_result"] == [
+        {"id": 0, "placed": "2026-01-02T03:04:00"}, {"grams": 0}]
 
 
 def picky_agent(rejections: int) -> tuple[Agent[None, Verdict], list[Verdict]]:

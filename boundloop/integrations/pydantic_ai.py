@@ -57,6 +57,7 @@ from ._guest import Guest, GuestTool, OneRequest
 
 try:
     import pydantic_ai
+    import pydantic_core
     from pydantic_ai import messages as pm
     from pydantic_ai.models import (
         CompletedStreamedResponse,
@@ -230,7 +231,7 @@ class BoundloopAgent(Guest):
                 checked = tool.args_validator_func(ctx, **args)
                 if inspect.isawaitable(checked):
                     await checked
-            return await toolset.call_tool(tool.tool_def.name, args, ctx, tool)
+            return _storable(await toolset.call_tool(tool.tool_def.name, args, ctx, tool))
 
         return execute
 
@@ -417,6 +418,17 @@ def _tool_return(call: Any, result: Any) -> pm.ToolReturnPart:
         content = result_text(content)
     return pm.ToolReturnPart(str(call.name), content, tool_call_id=str(call.id),
                              outcome=outcome)  # type: ignore[arg-type]
+
+
+def _storable(result: Any) -> Any:
+    """A tool's return as the JSON data Pydantic AI would send its model (a pydantic model
+    or dataclass as its fields, a datetime as ISO text); a ``ToolReturn``'s return value.
+    So the journal keeps, and the model later sees, what it sees in a plain run."""
+    if isinstance(result, pydantic_ai.ToolReturn):
+        result = result.return_value
+    if isinstance(result, str | int | float | bool) or result is None:
+        return result
+    return pydantic_core.to_jsonable_python(result, fallback=str)
 
 
 def _arguments(args: Any) -> Any:
