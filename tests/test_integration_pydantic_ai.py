@@ -270,6 +270,48 @@ def test_tool_results_reach_the_model_as_pydantic_ai_sends_them(tmp_path: Path) 
         {"id": 0, "placed": "2026-01-02T03:04:00"}, {"grams": 0}]
 
 
+@pytest.mark.parametrize("strategy", ["graceful", "early"])
+def test_output_given_with_function_calls_follows_the_agents_end_strategy(
+        tmp_path: Path, strategy: str) -> None:
+    requests: list[list[ModelMessage]] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        requests.append(list(messages))
+        return ModelResponse(parts=[
+            ToolCallPart("forecast", {"city": "Oslo"}, tool_call_id="f1"),
+            ToolCallPart(info.output_tools[0].name, {"city": "Oslo", "sunny": False},
+                         tool_call_id="o1")])
+
+    def make() -> tuple[Agent[None, Verdict], list[str]]:
+        ran: list[str] = []
+        agent = Agent(FunctionModel(model), name="both", output_type=Verdict,
+                      end_strategy=strategy)  # type: ignore[arg-type]
+
+        @agent.tool_plain
+        def forecast(city: str) -> str:
+            """The forecast."""
+            ran.append(city)
+            return "rain"
+
+        return agent, ran
+
+    agent, ran = make()
+    alone = agent.run_sync("weather?").output
+    alone_ran, alone_requests = list(ran), len(requests)
+    requests.clear()
+    agent, ran = make()
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent).run(runner, "weather?")
+    assert out.status == "final" and out.output == alone == Verdict(city="Oslo", sunny=False)
+    assert ran == alone_ran and len(requests) == alone_requests == 1
+    if strategy == "graceful":
+        # The function tool ran (under boundloop), then the output given with it ended the
+        # run: a second step, with no second request.
+        assert ran == ["Oslo"] and out.result.tool_calls == 1 and out.result.model_steps == 2
+    else:
+        assert ran == [] and out.result.tool_calls == 0 and out.result.model_steps == 1
+
+
 def picky_agent(rejections: int) -> tuple[Agent[None, Verdict], list[Verdict]]:
     checked: list[Verdict] = []
     agent = Agent(TestModel(custom_output_args={"city": "paris", "sunny": True}),

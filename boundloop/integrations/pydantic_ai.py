@@ -70,7 +70,7 @@ try:
     from pydantic_ai.settings import ModelSettings
     from pydantic_ai.tools import RunContext
     from pydantic_ai.toolsets import FunctionToolset
-    from pydantic_ai.usage import RunUsage
+    from pydantic_ai.usage import RequestUsage, RunUsage
 except ImportError:  # pragma: no cover - exercised in a subprocess by the tests
     raise ConfigError(
         "boundloop.integrations.pydantic_ai needs the `pydantic_ai` package, which is not "
@@ -241,7 +241,8 @@ class BoundloopAgent(Guest):
         messages, prompt = _to_messages(history)
         turn: OneRequest[pm.ModelResponse] = OneRequest()
         model = _StepModel(self._framework_model(), turn, self, ctx,
-                           keep_system=not _has_system(messages))
+                           keep_system=not _has_system(messages),
+                           replay=_pending_output(history))
         deps = await self._deps(ctx.run_id)
         agent = self.pydantic_agent
 
@@ -277,6 +278,13 @@ class BoundloopAgent(Guest):
             "response": pm.ModelMessagesTypeAdapter.dump_python([stored], mode="json")[0]}
         if system:
             content["system"] = system
+        if ends:
+            # The agent's strategy ('graceful', 'exhaustive') runs the function tools first,
+            # then ends with this output: kept for the next step to hand back to the agent.
+            pending = dataclasses.replace(response, parts=[
+                p for p in calls if p.tool_name in output_tools], usage=RequestUsage())
+            content["output"] = pm.ModelMessagesTypeAdapter.dump_python(
+                [pending], mode="json")[0]
         return CallTools(
             [ToolCall(c.tool_call_id, c.tool_name, _arguments(c.args)) for c in function_calls],
             usage=usage, text=text or None, content={_CONTENT_KEY: content}, info=info)
@@ -293,12 +301,14 @@ class _StepModel(WrapperModel):
     """The agent's model for one step: its one request goes through ``OneRequest``."""
 
     def __init__(self, wrapped: Model, turn: OneRequest[pm.ModelResponse],
-                 guest: BoundloopAgent, ctx: Any, *, keep_system: bool) -> None:
+                 guest: BoundloopAgent, ctx: Any, *, keep_system: bool,
+                 replay: pm.ModelResponse | None = None) -> None:
         super().__init__(wrapped)
         self._turn = turn
         self._guest = guest
         self._ctx = ctx
         self._keep_system = keep_system
+        self._replay = replay
 
     async def request(self, messages: list[pm.ModelMessage],
                       model_settings: ModelSettings | None,
@@ -311,6 +321,9 @@ class _StepModel(WrapperModel):
         system = _system_parts(messages) if self._keep_system else None
 
         async def send() -> pm.ModelResponse:
+            if self._replay is not None:
+                # The output the model gave with the calls just run: no new request.
+                return self._replay
             return await self.wrapped.request(messages, model_settings, params)
 
         return await self._turn.request(
@@ -375,6 +388,27 @@ def _to_messages(history: list[Any]) -> tuple[list[pm.ModelMessage], str | None]
         else:
             messages.insert(0, pm.ModelRequest(parts=list(system)))
     return messages, None
+
+
+def _pending_output(history: list[Any]) -> pm.ModelResponse | None:
+    """The output the model gave alongside the function calls of the last step, when the
+    history ends with that step and all its calls succeeded: the agent ends with it then
+    (a tool's ModelRetry, or any failure, suppresses it, as in Pydantic AI)."""
+    turns = group_history(history)
+    last = turns[-1] if turns else None
+    if not isinstance(last, ToolStep) or not isinstance(last.content, Mapping):
+        return None
+    content = last.content.get(_CONTENT_KEY)
+    if not isinstance(content, Mapping) or not content.get("output"):
+        return None
+    if any(result is None or getattr(result, "status", None) != "ok"
+           for _, result in last.paired()):
+        return None
+    try:
+        loaded = pm.ModelMessagesTypeAdapter.validate_python([content["output"]])[0]
+    except Exception:  # noqa: BLE001 - unreadable: the model is asked again
+        return None
+    return loaded if isinstance(loaded, pm.ModelResponse) else None
 
 
 def _response_of(step: ToolStep) -> tuple[pm.ModelResponse, list[pm.SystemPromptPart]]:
