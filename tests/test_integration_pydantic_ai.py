@@ -201,11 +201,15 @@ def test_max_model_steps_stops_it_and_the_last_step_offers_no_tools(tmp_path: Pa
     ran: list[int] = []
     infos: list[AgentInfo] = []
     bound = BoundloopAgent(counting_agent(keeps_calling("bump", infos), ran),
-                           budget=bl.Budget(max_model_steps=3, max_tool_calls=20))
+                           budget=bl.Budget(max_model_steps=3, max_tool_calls=20,
+                                            deadline_s=30))
     with bl.Runner(tmp_path / "j") as runner:
         out = bound.run(runner, "count forever")
     assert out.status == "limit_exceeded" and out.result.exhausted_limit == "model_steps"
-    assert "3" in out.result.explanation
+    assert "max_model_steps=3" in out.result.explanation
+    # Each request is bounded by the run's deadline (its `timeout` setting).
+    timeouts = [(i.model_settings or {}).get("timeout") for i in infos]
+    assert all(isinstance(t, float) and 0 < t <= 30 for t in timeouts), timeouts
     assert ran == [0, 1] and out.result.model_steps == 3 and out.result.tool_calls == 2
     # The final-only step (reserve_final_step) offered the model no function tool.
     assert [sorted(t.name for t in i.function_tools) for i in infos] == [["bump"], ["bump"], []]

@@ -47,6 +47,7 @@ from boundloop.models._common import (
     group_history,
     make_usage,
     parse_arguments,
+    request_timeout,
     response_info,
     result_text,
 )
@@ -245,17 +246,28 @@ class BoundloopAgent(Guest):
                            replay=_pending_output(history))
         deps = await self._deps(ctx.run_id)
         agent = self.pydantic_agent
+        settings = self._settings(getattr(ctx, "deadline", None))
 
         async def framework(_turn: OneRequest[pm.ModelResponse]) -> Any:
             with agent.override(model=model):
                 result = await agent.run(prompt, message_history=messages or None, deps=deps,
-                                         model_settings=self.model_settings)
+                                         model_settings=settings)
             return result.output
 
         answer, output, finished = await turn.run(framework)
         if finished:
             self.keep_output(ctx.run_id, output)
         return answer
+
+    def _settings(self, deadline: float | None) -> ModelSettings | None:
+        """The model settings of a step: the request's ``timeout`` ends by the run's
+        deadline (SPEC 13), so the HTTP call does not outlive the run."""
+        settings = ModelSettings(**(self.model_settings or {}))
+        given = settings.get("timeout")
+        if deadline is None or not (given is None or isinstance(given, int | float)):
+            return self.model_settings
+        settings["timeout"] = request_timeout(deadline, given)
+        return settings
 
     def convert(self, response: pm.ModelResponse, params: ModelRequestParameters,
                 system: list[Any] | None) -> Any:
