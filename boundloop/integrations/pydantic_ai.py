@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -157,7 +157,6 @@ class BoundloopAgent(Guest):
         self.model = model
         self.model_settings = model_settings
         self.price = price
-        self._toolsets: dict[str, FunctionToolset[Any]] = {}
         self._inferred: Model | None = None
 
     # -- the framework's model and dependencies ------------------------------------------------
@@ -183,7 +182,6 @@ class BoundloopAgent(Guest):
     def guest_tools(self) -> list[GuestTool]:
         """The agent's function tools (those registered on it and its function toolsets)."""
         tools: list[GuestTool] = []
-        self._toolsets = {}
         for toolset in self.pydantic_agent.toolsets:
             if not isinstance(toolset, FunctionToolset):
                 raise ConfigError(
@@ -192,9 +190,8 @@ class BoundloopAgent(Guest):
                     "boundloop for now")
             for tool_name, tool in toolset.tools.items():
                 definition = tool.tool_def
-                if definition.name in self._toolsets:
+                if any(t.name == definition.name for t in tools):
                     raise ConfigError(f"{self.name}: two tools are named {definition.name!r}")
-                self._toolsets[definition.name] = toolset
                 tools.append(GuestTool(definition.name, definition.description or "",
                                        dict(definition.parameters_json_schema),
                                        self._executor(toolset, tool_name)))
@@ -213,7 +210,11 @@ class BoundloopAgent(Guest):
         if options:
             self.tool_options[name] = options
 
-    def _executor(self, toolset: FunctionToolset[Any], name: str) -> Any:
+    def _executor(self, toolset: FunctionToolset[Any], name: str,
+                  ) -> Callable[[dict[str, Any], ToolContext], Awaitable[Any]]:
+        """``execute`` of the tool ``name``: its function run through the agent's toolset,
+        with a ``RunContext`` carrying the deps, the call's id and its attempt."""
+
         async def execute(arguments: dict[str, Any], call: ToolContext) -> Any:
             ctx: RunContext[Any] = RunContext(
                 deps=await self._deps(call.run_id), model=self._framework_model(),
