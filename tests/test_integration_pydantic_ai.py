@@ -682,3 +682,52 @@ def test_a_tool_that_requires_approval_waits_for_a_person(tmp_path: Path) -> Non
         runner.approve("wire-1", asked.execution_id, by="alice", note="ok")
         done = bound.resume(runner, "wire-1")
     assert done.status == "final" and done.output == "wired: success" and ran == [100]
+
+
+def test_a_worker_takes_over_a_crashed_run_from_the_journal_alone(tmp_path: Path) -> None:
+    from guest_crash_worker import RUN_ID, build, effect_lines
+
+    journal, effects = tmp_path / "j", tmp_path / "effects"
+    crash(journal, effects, "idempotent")
+    bound = build(effects, "idempotent")             # a fresh process's agent: no memory
+    worker = bl.Worker(journal, [bound.agent], poll_s=0.02)
+    thread = threading.Thread(target=worker.serve)
+    thread.start()
+    try:
+        t0 = time.monotonic()
+        while RUN_ID not in worker.finished and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        thread.join(30)
+    assert worker.finished == {RUN_ID: "final"}
+    keys = effect_lines(effects)
+    assert len(keys) == 2 and keys[0] == keys[1]     # retried once, under the same key
+    with bl.Runner(journal) as runner:
+        events = list(runner.journal.events(RUN_ID))
+    assert any(isinstance(e, ev.OwnerClaimed) for e in events)
+    state = bl.replay(events)
+    assert state.status == "final" and state.tool_calls == 2
+    assert state.transcript[-1].text == "shipping: success"
+
+
+def test_cancelling_a_run_stops_the_agent_mid_request(tmp_path: Path) -> None:
+    started = threading.Event()
+
+    async def slow(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        started.set()
+        await asyncio.sleep(30)
+        return ModelResponse(parts=[TextPart("too late")])
+
+    ran: list[int] = []
+    bound = BoundloopAgent(counting_agent(FunctionModel(slow), ran))
+    token = bl.CancelToken()
+    threading.Thread(target=lambda: (started.wait(10), token.cancel("stop"))).start()
+    t0 = time.monotonic()
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "go", cancel=token)
+        events = list(runner.journal.events(out.run_id))
+    assert out.status == "cancelled" and time.monotonic() - t0 < 10   # not the 30 s request
+    assert out.result.model_steps == 1 and "cancel" in out.result.explanation.lower()
+    assert ran == [] and out.output is None and out.result.tool_calls == 0
+    assert isinstance(events[-1], ev.RunFinished) and events[-1].status == "cancelled"
