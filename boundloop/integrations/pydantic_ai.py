@@ -377,7 +377,7 @@ class _StepModel(WrapperModel):
                              model_request_parameters: ModelRequestParameters,
                              run_context: RunContext[Any] | None = None,
                              ) -> AsyncIterator[StreamedResponse]:
-        """A streamed request (an agent with an ``event_stream_handler``) is made as one
+        """A streamed request (a capability of the agent may ask for one) is made as one
         whole request, then replayed as the stream's events."""
         response = await self.request(messages, model_settings, model_request_parameters)
         yield CompletedStreamedResponse(response,
