@@ -418,6 +418,22 @@ def test_configuration_errors_and_the_missing_extra(tmp_path: Path) -> None:
         BoundloopAgent(object(), name="x")  # type: ignore[arg-type]
     with pytest.raises(bl.ConfigError, match="not both"):
         BoundloopAgent(Agent(TestModel()), name="x", deps=1, deps_factory=lambda run: 2)
+    from pydantic_ai.toolsets import FunctionToolset
+
+    agent = Agent(TestModel(), name="x", toolsets=[FunctionToolset().prefixed("p")])
+    with pytest.raises(bl.ConfigError, match="PrefixedToolset"):
+        _ = BoundloopAgent(agent).agent
+    with pytest.raises(bl.ConfigError, match="no model"):
+        asyncio.run(BoundloopAgent(Agent(name="x")).step([], None))
+    timed = Agent(TestModel(), name="timed")
+
+    @timed.tool_plain(timeout=2.5)
+    def slow() -> str:
+        """Slow."""
+        return "ok"
+
+    (tool,) = BoundloopAgent(timed).agent.tools
+    assert tool.timeout_s == 2.5 and not tool.idempotent
     code = ("import sys; sys.modules['pydantic_ai'] = None\n"
             "import boundloop, boundloop.integrations\n"
             "assert 'pydantic_ai' not in sys.modules or sys.modules['pydantic_ai'] is None\n"
