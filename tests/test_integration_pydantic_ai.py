@@ -673,6 +673,28 @@ def test_usage_text_and_odd_calls_are_converted_as_boundloop_counts_them(tmp_pat
     assert "not valid JSON" in out.result.explanation and out.result.model_steps == 3
 
 
+def test_steps_are_priced_by_a_table_or_by_the_runners_catalogue(tmp_path: Path) -> None:
+    from pydantic_ai.usage import RequestUsage
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart("hi")], model_name="gpt-4.1",
+                             usage=RequestUsage(input_tokens=1000, output_tokens=100))
+
+    agent = Agent(FunctionModel(model, model_name="gpt-4.1"), name="priced")
+    table = bl.Price(input_per_mtok=2.0, output_per_mtok=8.0)
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent, price=table,
+                             budget=bl.Budget(max_cost=1.0)).run(runner, "hi")
+    assert out.status == "final" and out.result.usage.cost == pytest.approx(0.0028)
+    with pytest.raises(bl.ConfigError, match="Runner"):
+        BoundloopAgent(agent, price="auto")  # type: ignore[arg-type]
+    pytest.importorskip("genai_prices")
+    with bl.Runner(tmp_path / "k", price="auto") as runner:
+        auto = BoundloopAgent(agent).run(runner, "hi")
+    assert auto.status == "final" and auto.result.usage.cost is not None
+    assert auto.result.usage.cost > 0
+
+
 def test_a_tool_that_requires_approval_waits_for_a_person(tmp_path: Path) -> None:
     ran: list[int] = []
 

@@ -119,7 +119,9 @@ class BoundloopAgent(Guest):
             give the model here.
         model_settings: Pydantic AI model settings for every request (merged over the
             agent's own, as ``Agent.run`` does).
-        price: prices ``bl.Usage`` (for ``max_cost``).
+        price: a ``bl.Price`` to compute each step's cost (for ``max_cost``). For the
+            genai-prices catalogue, give the Runner ``price="auto"``: each step is priced
+            by the model name its response reports.
         tool_options: per tool name, options of ``bl.Tool.from_schema`` (``idempotent``,
             ``irreversible``, ``reconcile``, ``timeout_s``, ``retry``, ``needs_approval``,
             ``read_only``, ``sensitive``). A tool made with ``requires_approval=True``
@@ -151,6 +153,11 @@ class BoundloopAgent(Guest):
                               "pydantic_ai.Agent with name=...")
         if deps is not None and deps_factory is not None:
             raise ConfigError("BoundloopAgent takes deps or deps_factory, not both")
+        if price is not None and not isinstance(price, Price):
+            raise ConfigError(
+                f"BoundloopAgent: price must be a bl.Price or None, got {price!r} (for the "
+                'genai-prices catalogue, give the Runner price="auto": it prices each step '
+                "by the model name the response reports)")
         super().__init__(name, budget=budget, version=version, tool_options=tool_options,
                          permit=permit, max_running=max_running, max_queued=max_queued)
         self.pydantic_agent = agent
