@@ -237,7 +237,11 @@ class BoundloopAgent(Guest):
             ctx = dataclasses.replace(ctx, tool_name=tool.tool_def.name,
                                       tool_call_id=call.call_id, retry=call.attempt - 1,
                                       max_retries=tool.max_retries)
-            args = tool.args_validator.validate_python(arguments)
+            try:
+                args = tool.args_validator.validate_python(arguments)
+            except pydantic_core.ValidationError as exc:
+                # As Pydantic AI answers arguments its validator refuses: a retry.
+                raise pydantic_ai.ModelRetry(_feedback_text(exc.errors())) from None
             if tool.args_validator_func is not None:
                 checked = tool.args_validator_func(ctx, **args)
                 if inspect.isawaitable(checked):
