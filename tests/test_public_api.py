@@ -196,6 +196,7 @@ MODULE_ALL: dict[str, set[str]] = {
     "boundloop.testing": {"FaultyJournal", "JournalContract", "MODES"},
     "boundloop.integrations": {"Guest", "GuestResult", "GuestTool", "OneRequest", "current_call",
                                "render_output"},
+    "boundloop.integrations.pydantic_ai": {"BoundloopAgent"},
     "boundloop.tools": {"ApprovalRule", "ArgumentError", "RetryPolicy", "Tool", "ToolContext",
                         "ToolLike", "tool"},
 }
