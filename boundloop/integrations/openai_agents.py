@@ -46,8 +46,9 @@ What is mapped, and what is refused (``bl.ConfigError`` when the ``BoundloopAgen
   is exported to OpenAI; boundloop's journal and telemetry record the run. Pass
   ``sdk_tracing=True`` to keep it. The SDK's runner-managed model retries
   (``ModelSettings.retry``) are turned off: one step is one request.
-- usage: ``bl.Usage`` with ``input_tokens`` the uncached input (SPEC 7) and
-  ``cache_read_tokens`` the cached; ``price`` (a ``bl.Price``) gives each step its cost.
+- usage: ``bl.Usage`` with ``input_tokens`` the input neither read from nor written to a
+  cache (SPEC 7), ``cache_read_tokens`` the SDK's ``cached_tokens`` and
+  ``cache_write_tokens`` its ``cache_write_tokens``; ``price`` (a ``bl.Price``) gives each step its cost.
 """
 
 from __future__ import annotations
@@ -266,10 +267,11 @@ class BoundloopAgent(Guest):
         if usage is None:
             return None
         details = getattr(usage, "input_tokens_details", None)
-        cached = getattr(details, "cached_tokens", 0) or 0
-        total_in = usage.input_tokens or 0
-        return make_usage(max(total_in - cached, 0), usage.output_tokens, 0, cached,
-                          price=self.price)
+        cached = _count(getattr(details, "cached_tokens", 0))
+        written = _count(getattr(details, "cache_write_tokens", 0))
+        total_in = _count(usage.input_tokens)
+        return make_usage(max(total_in - cached - written, 0), usage.output_tokens, written,
+                          cached, price=self.price)
 
 
 class _OneRequestModel(Model):
@@ -419,6 +421,10 @@ def _dump(value: Any) -> Any:
     if callable(dump):
         return dump(mode="json", exclude_none=True)
     return str(value)
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _model_name(model: Any) -> str | None:
