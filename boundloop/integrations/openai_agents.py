@@ -48,7 +48,8 @@ What is mapped, and what is refused (``bl.ConfigError`` when the ``BoundloopAgen
   (``ModelSettings.retry``) are turned off: one step is one request.
 - usage: ``bl.Usage`` with ``input_tokens`` the input neither read from nor written to a
   cache (SPEC 7), ``cache_read_tokens`` the SDK's ``cached_tokens`` and
-  ``cache_write_tokens`` its ``cache_write_tokens``; ``price`` (a ``bl.Price``) gives each step its cost.
+  ``cache_write_tokens`` its ``cache_write_tokens``; ``price`` (a ``bl.Price``) gives each
+  step its cost.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ from agents import (  # noqa: E402
 from agents.tool_context import ToolContext as SdkToolContext  # noqa: E402
 from openai.types.responses import ResponseFunctionToolCall  # noqa: E402
 
-__all__ = ["BoundloopAgent"]
+__all__ = ["BoundloopAgent", "to_input_items"]
 
 #: The SDK's turns in one step: one real request, and one more that is never sent (the
 #: SDK asking again shows it refused the answer).
