@@ -25,6 +25,7 @@ agents = pytest.importorskip("agents")
 
 import pydantic  # noqa: E402
 from agents.testing import assistant_message, function_call  # noqa: E402
+from agents.tool_context import ToolContext  # noqa: E402
 
 import boundloop as bl  # noqa: E402
 from boundloop import events as ev  # noqa: E402
@@ -348,7 +349,8 @@ def test_sigkill_inside_a_non_idempotent_tool_needs_review_and_never_reruns(
                             "show", RUN_ID], env=env, capture_output=True, text=True,
                            timeout=60)
     assert shown.returncode == 0, shown.stderr
-    assert "ship" in shown.stdout and "needs_review" in shown.stdout.replace(" ", "_")
+    assert "status: needs_review" in shown.stdout and "agent: shipper" in shown.stdout
+    assert "call_ship" in shown.stdout and "CallDispatched" in shown.stdout
 
     # A person says it took effect: the run finishes, the SDK answering from the journal.
     with bl.Runner(journal) as runner:
@@ -420,19 +422,22 @@ def test_parallel_delegations_never_pass_the_parents_tool_call_limit(tmp_path: P
 
 def test_idempotency_key_and_tool_options(tmp_path: Path) -> None:
     keys: list[tuple[str, int, int]] = []
+    seen: list[tuple[Any, ...]] = []
 
     @agents.function_tool(timeout=7.5)
-    async def charge(cents: int) -> str:
+    async def charge(ctx: ToolContext[dict[str, str]], cents: int) -> str:
         """Charge a card."""
         call = current_call()
         assert call is not None
         keys.append((call.idempotency_key, call.attempt, call.epoch))
+        seen.append((ctx.context["shop"], ctx.tool_name, ctx.tool_call_id, ctx.tool_arguments,
+                     ctx.agent.name if ctx.agent else None))
         return "charged"
 
     model = FakeModel([[function_call("charge", {"cents": 500}, call_id="c1")],
                        [assistant_message("charged 5")]])
     bound = BoundloopAgent(agents.Agent(name="till", tools=[charge], model=model),
-                           tool_options={"charge": {"idempotent": True,
+                           context={"shop": "corner"}, tool_options={"charge": {"idempotent": True,
                                                     "retry": bl.RetryPolicy(max_attempts=2)}})
     tool = bound.agent.tools[0]
     assert (tool.name, tool.idempotent, tool.timeout_s) == ("charge", True, 7.5)
@@ -442,6 +447,8 @@ def test_idempotency_key_and_tool_options(tmp_path: Path) -> None:
         decided = [e for e in events_of(runner, out.run_id) if isinstance(e, ev.CallDecided)]
     assert out.status == "final"
     assert keys == [(decided[0].idempotency_key, 1, 1)]
+    # The SDK's own ToolContext: the run context object, the call, the agent.
+    assert seen == [("corner", "charge", "c1", '{"cents": 500}', "till")]
 
     with pytest.raises(bl.ConfigError, match="nope"):
         _ = BoundloopAgent(agents.Agent(name="x", tools=[charge]),
