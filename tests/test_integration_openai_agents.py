@@ -564,3 +564,65 @@ def test_imports_need_the_extra_and_boundloop_never_imports_the_sdk() -> None:
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "boundloop[openai-agents]" in done.stdout
+
+
+# --- the model by name, guardrails ---------------------------------------------------------------
+
+def test_a_model_named_through_the_run_configs_provider(tmp_path: Path) -> None:
+    log: list[Any] = []
+    tools, script = calculator(log)
+    model = FakeModel(script())
+    asked: list[str | None] = []
+
+    class Provider(agents.ModelProvider):
+        def get_model(self, model_name: str | None) -> agents.Model:
+            asked.append(model_name)
+            return model
+
+    sdk_agent = agents.Agent(name="calc", tools=tools, model="fake-model-1",
+                             model_settings=agents.ModelSettings(tool_choice="required"))
+    bound = BoundloopAgent(sdk_agent, run_config=agents.RunConfig(model_provider=Provider()),
+                           budget=bl.Budget(max_parallel=2))
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "add")
+        events = events_of(runner, out.run_id)
+    assert out.status == "final" and out.output == "3, 7, and 10 is even"
+    assert asked == ["fake-model-1"] * 3 and len(log) == 3
+    infos = [e.response.info for e in events if isinstance(e, ev.ModelStepCompleted)]
+    assert {i.model for i in infos if i} == {"fake-model-1"}
+    # As the SDK does once the agent has used tools: tool_choice="required" is reset.
+    assert [s.tool_choice for s in model.settings] == ["required", None, None]
+
+
+def test_input_guardrails_run_once_before_the_request_and_a_tripwire_stops_all(
+        tmp_path: Path) -> None:
+    checked: list[str] = []
+
+    @agents.input_guardrail
+    def no_secrets(ctx: Any, agent: Any, input: Any) -> agents.GuardrailFunctionOutput:
+        text = json.dumps(input, default=str)
+        checked.append(text)
+        return agents.GuardrailFunctionOutput(output_info=None,
+                                              tripwire_triggered="password" in text)
+
+    def agent_with(replies: list[Reply]) -> tuple[BoundloopAgent, FakeModel, list[Any]]:
+        log: list[Any] = []
+        tools, _ = calculator(log)
+        model = FakeModel(replies)
+        return BoundloopAgent(agents.Agent(name="calc", tools=tools, model=model,
+                                           input_guardrails=[no_secrets])), model, log
+
+    ok, ok_model, ok_log = agent_with([[function_call("add", {"x": 1, "y": 1}, call_id="a")],
+                                       [assistant_message("2")]])
+    tripped, tripped_model, tripped_log = agent_with(
+        [[function_call("add", {"x": 1, "y": 1}, call_id="a")]])
+    with bl.Runner(tmp_path / "j") as runner:
+        good = ok.run(runner, "add 1 and 1")
+        assert len(checked) == 1                      # the first step only
+        bad = tripped.run(runner, "my password is hunter2")
+        events = events_of(runner, bad.run_id)
+    assert good.status == "final" and ok_log and len(ok_model.inputs) == 2
+    # The tripwire fired before the request: no model request, no call decided, none run.
+    assert bad.status == "model_error" and "Guardrail" in bad.result.explanation
+    assert tripped_model.inputs == [] and tripped_log == []
+    assert not [e for e in events if isinstance(e, ev.CallDecided)]
