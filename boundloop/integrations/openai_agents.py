@@ -55,9 +55,11 @@ What is mapped, and what is refused (``bl.ConfigError`` when the ``BoundloopAgen
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.util
 import json
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from boundloop.errors import ConfigError
 from boundloop.integrations._guest import Guest, GuestTool, OneRequest
@@ -76,25 +78,33 @@ from boundloop.models._common import (
 )
 from boundloop.policy.budget import Budget, Price, Usage
 
-require_sdk("agents", "openai-agents", what="boundloop.integrations.openai_agents")
-
-import agents  # noqa: E402
-from agents import (  # noqa: E402
-    ItemHelpers,
-    Model,
-    ModelProvider,
-    ModelResponse,
-    ModelTracing,
-    TResponseInputItem,
-)
-from agents.tool_context import ToolContext as SdkToolContext  # noqa: E402
-from openai.types.responses import ResponseFunctionToolCall  # noqa: E402
+if TYPE_CHECKING:
+    import agents
+    from agents import Model, ModelProvider, ModelResponse, ModelTracing, TResponseInputItem
 
 __all__ = ["BoundloopAgent", "to_input_items"]
+
+_EXTRA = "openai-agents"
+_WHAT = "boundloop.integrations.openai_agents"
 
 #: The SDK's turns in one step: one real request, and one more that is never sent (the
 #: SDK asking again shows it refused the answer).
 _MAX_TURNS = 4
+
+
+def _installed() -> bool:
+    try:
+        return importlib.util.find_spec("agents") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+if not _installed():
+    # Said at import; the SDK itself is imported when an agent is wrapped (importing it
+    # here would fail when boundloop/ is first on sys.path, where boundloop/mcp.py hides
+    # the `mcp` package the SDK imports).
+    raise ConfigError(f"{_WHAT} needs the `agents` package, which is not installed: "
+                      f"pip install 'boundloop[{_EXTRA}]'")
 
 
 class BoundloopAgent(Guest):
@@ -129,6 +139,9 @@ class BoundloopAgent(Guest):
                  run_config: agents.RunConfig | None = None, price: Price | None = None,
                  sdk_tracing: bool = False, permit: Any = None,
                  max_running: int | None = None, max_queued: int = 100_000) -> None:
+        require_sdk("agents", _EXTRA, what=_WHAT)
+        import agents
+
         if not isinstance(agent, agents.Agent):
             raise ConfigError(f"BoundloopAgent takes an agents.Agent, got {agent!r}")
         if run_config is not None and not isinstance(run_config, agents.RunConfig):
@@ -163,6 +176,10 @@ class BoundloopAgent(Guest):
                 for tool in self.function_tools]
 
     def _executor(self, tool: agents.FunctionTool) -> Any:
+        import agents
+        from agents.tool_context import ToolContext as SdkToolContext
+        from openai.types.responses import ResponseFunctionToolCall
+
         async def execute(arguments: dict[str, Any], call: Any) -> Any:
             raw = json.dumps(arguments, ensure_ascii=False)
             tool_call = ResponseFunctionToolCall(type="function_call", call_id=call.call_id,
@@ -172,13 +189,15 @@ class BoundloopAgent(Guest):
                 agent=self.sdk_agent, run_config=self._base_run_config())
             output = await tool.on_invoke_tool(tool_context, raw)
             # What the SDK would send the model: text, or its structured output items.
-            return _plain(ItemHelpers.tool_call_output_item(tool_call, output)["output"])
+            return _plain(agents.ItemHelpers.tool_call_output_item(tool_call, output)["output"])
 
         return execute
 
     # -- one model step ------------------------------------------------------------------
     async def step(self, history: list[Any], ctx: Any) -> Any:
         """One model step: the SDK run afresh from ``history`` up to its one request."""
+        import agents
+
         items = to_input_items(history)
         turn: OneRequest[ModelResponse] = OneRequest()
         agent, run_config = self._for_step(turn, history, ctx)
@@ -194,6 +213,8 @@ class BoundloopAgent(Guest):
         return answer
 
     def _base_run_config(self) -> agents.RunConfig:
+        import agents
+
         run_config = self.run_config or agents.RunConfig()
         return dataclasses.replace(run_config, model_provider=self._provider,
                                    tracing_disabled=run_config.tracing_disabled
@@ -204,11 +225,15 @@ class BoundloopAgent(Guest):
         """The agent and run config of one step: the model wrapped, as the SDK would
         resolve it (the run config's model first, then the agent's, by name through the
         provider), guardrails and settings as the module says."""
+        from agents import Model
+
+        one_request_model, one_request_provider = _wrappers()
         sdk = self.sdk_agent
         used_tools = any(getattr(m, "kind", None) == "call" for m in history)
 
         def wrap(inner: Model, model_name: str | None) -> Model:
-            return _OneRequestModel(inner, turn, self, ctx, model_name, used_tools)
+            model: Model = one_request_model(inner, turn, self, ctx, model_name, used_tools)
+            return model
 
         run_config = self._base_run_config()
         agent_changes: dict[str, Any] = {}
@@ -216,7 +241,7 @@ class BoundloopAgent(Guest):
             run_config = dataclasses.replace(run_config, model=wrap(run_config.model, None))
         elif isinstance(run_config.model, str) or not isinstance(sdk.model, Model):
             run_config = dataclasses.replace(
-                run_config, model_provider=_OneRequestProvider(self._provider, wrap))
+                run_config, model_provider=one_request_provider(self._provider, wrap))
         else:
             agent_changes["model"] = wrap(sdk.model, None)
         if sdk.model_settings.retry is not None:
@@ -275,67 +300,73 @@ class BoundloopAgent(Guest):
                           cached, price=self.price)
 
 
-class _OneRequestModel(Model):
-    """The agent's model, wrapped: its one real request of the step goes through the
-    step's ``OneRequest`` (a second one is never sent)."""
+@functools.cache
+def _wrappers() -> tuple[type[Any], type[Any]]:
+    """The SDK classes of the wrapping: made once the SDK is imported."""
+    from agents import Model, ModelProvider
 
-    def __init__(self, inner: Model, turn: OneRequest[ModelResponse], guest: BoundloopAgent,
-                 ctx: Any, model_name: str | None, used_tools: bool) -> None:
-        self.inner = inner
-        self.turn = turn
-        self.guest = guest
-        self.ctx = ctx
-        self.model_name = model_name or _model_name(inner)
-        self.used_tools = used_tools
+    class _OneRequestModel(Model):
+        """The agent's model, wrapped: its one real request of the step goes through the
+        step's ``OneRequest`` (a second one is never sent)."""
 
-    async def get_response(self, system_instructions: str | None,
-                           input: str | list[TResponseInputItem],
-                           model_settings: agents.ModelSettings, tools: list[agents.Tool],
-                           output_schema: agents.AgentOutputSchemaBase | None,
-                           handoffs: list[agents.Handoff[Any, Any]], tracing: ModelTracing,
-                           *, previous_response_id: str | None, conversation_id: str | None,
-                           prompt: Any) -> ModelResponse:
-        settings = model_settings
-        if self.used_tools and self.guest.sdk_agent.reset_tool_choice and \
-                settings.tool_choice not in (None, "auto", "none"):
-            # What the SDK does once the agent used tools (it cannot see that here).
-            settings = dataclasses.replace(settings, tool_choice=None)
-        if not self.ctx.tools_allowed and tools:
-            settings = dataclasses.replace(settings, tool_choice="none")
+        def __init__(self, inner: Model, turn: OneRequest[ModelResponse], guest: BoundloopAgent,
+                     ctx: Any, model_name: str | None, used_tools: bool) -> None:
+            self.inner = inner
+            self.turn = turn
+            self.guest = guest
+            self.ctx = ctx
+            self.model_name = model_name or _model_name(inner)
+            self.used_tools = used_tools
 
-        async def send() -> ModelResponse:
-            return await self.inner.get_response(
-                system_instructions, input, settings, tools, output_schema, handoffs,
-                tracing, previous_response_id=previous_response_id,
-                conversation_id=conversation_id, prompt=prompt)
+        async def get_response(self, system_instructions: str | None,
+                               input: str | list[TResponseInputItem],
+                               model_settings: agents.ModelSettings, tools: list[agents.Tool],
+                               output_schema: agents.AgentOutputSchemaBase | None,
+                               handoffs: list[agents.Handoff[Any, Any]], tracing: ModelTracing,
+                               *, previous_response_id: str | None, conversation_id: str | None,
+                               prompt: Any) -> ModelResponse:
+            settings = model_settings
+            if self.used_tools and self.guest.sdk_agent.reset_tool_choice and \
+                    settings.tool_choice not in (None, "auto", "none"):
+                # What the SDK does once the agent used tools (it cannot see that here).
+                settings = dataclasses.replace(settings, tool_choice=None)
+            if not self.ctx.tools_allowed and tools:
+                settings = dataclasses.replace(settings, tool_choice="none")
 
-        return await self.turn.request(
-            send, lambda response: self.guest.convert(response, self.model_name),
-            retry_reason=_retry_reason(output_schema))
+            async def send() -> ModelResponse:
+                return await self.inner.get_response(
+                    system_instructions, input, settings, tools, output_schema, handoffs,
+                    tracing, previous_response_id=previous_response_id,
+                    conversation_id=conversation_id, prompt=prompt)
 
-    async def stream_response(self, system_instructions: str | None,
-                              input: str | list[TResponseInputItem],
-                              model_settings: agents.ModelSettings, tools: list[agents.Tool],
-                              output_schema: agents.AgentOutputSchemaBase | None,
-                              handoffs: list[agents.Handoff[Any, Any]], tracing: ModelTracing,
-                              *, previous_response_id: str | None,
-                              conversation_id: str | None, prompt: Any,
-                              ) -> AsyncIterator[Any]:
-        raise ConfigError("boundloop runs the agent with Runner.run, one request a step: "
-                          "streaming is not supported")
-        yield  # pragma: no cover - makes this an async generator, as the SDK expects
+            return await self.turn.request(
+                send, lambda response: self.guest.convert(response, self.model_name),
+                retry_reason=_retry_reason(output_schema))
 
+        async def stream_response(self, system_instructions: str | None,
+                                  input: str | list[TResponseInputItem],
+                                  model_settings: agents.ModelSettings, tools: list[agents.Tool],
+                                  output_schema: agents.AgentOutputSchemaBase | None,
+                                  handoffs: list[agents.Handoff[Any, Any]], tracing: ModelTracing,
+                                  *, previous_response_id: str | None,
+                                  conversation_id: str | None, prompt: Any,
+                                  ) -> AsyncIterator[Any]:
+            raise ConfigError("boundloop runs the agent with Runner.run, one request a step: "
+                              "streaming is not supported")
+            yield  # pragma: no cover - makes this an async generator, as the SDK expects
 
-class _OneRequestProvider(ModelProvider):
-    """The step's model provider: the configured one, its models wrapped."""
+    class _OneRequestProvider(ModelProvider):
+        """The step's model provider: the configured one, its models wrapped."""
 
-    def __init__(self, inner: ModelProvider, wrap: Any) -> None:
-        self.inner = inner
-        self.wrap = wrap
+        def __init__(self, inner: ModelProvider, wrap: Any) -> None:
+            self.inner = inner
+            self.wrap = wrap
 
-    def get_model(self, model_name: str | None) -> Model:
-        model: Model = self.wrap(self.inner.get_model(model_name), model_name)
-        return model
+        def get_model(self, model_name: str | None) -> Model:
+            model: Model = self.wrap(self.inner.get_model(model_name), model_name)
+            return model
+
+    return _OneRequestModel, _OneRequestProvider
 
 
 # --- history -> the SDK's input items -------------------------------------------------------
@@ -443,6 +474,8 @@ def _retry_reason(output_schema: Any) -> str:
 def _function_tools(agent: agents.Agent[Any],
                     options: Mapping[str, Mapping[str, Any]]) -> list[agents.FunctionTool]:
     """The agent's function tools, or ConfigError for what boundloop cannot drive."""
+    import agents
+
     where = f"agent {agent.name!r}"
     if agent.handoffs:
         raise ConfigError(
