@@ -681,3 +681,27 @@ def test_the_sdks_tracing_never_reaches_the_network(tmp_path: Path) -> None:
     status, under_boundloop, output, in_all = done.stdout.split()
     assert (status, under_boundloop) == ("final", "0")
     assert output == "pong!" and int(in_all) > 0          # the SDK alone tried to export
+
+
+def test_reasoning_items_go_back_verbatim_from_the_journal(tmp_path: Path) -> None:
+    """A step's output items (reasoning with its encrypted content) are kept in the
+    journal and sent back in order with the next steps, as the SDK itself would."""
+    from openai.types.responses import ResponseReasoningItem
+
+    log: list[Any] = []
+    tools, _ = calculator(log)
+    reasoning = ResponseReasoningItem(id="rs_1", type="reasoning", summary=[],
+                                      encrypted_content="opaque-bytes")
+    model = FakeModel([[reasoning, function_call("add", {"x": 2, "y": 2}, call_id="c1")],
+                       [assistant_message("4")]])
+    bound = BoundloopAgent(agents.Agent(name="calc", tools=tools, model=model))
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "2+2")
+        state = runner.state(out.run_id)
+    assert out.status == "final" and out.output == "4" and len(log) == 1
+    second = model.inputs[1]
+    assert [i.get("type") for i in second] == ["message", "reasoning", "function_call",
+                                              "function_call_output"]
+    assert second[1]["id"] == "rs_1" and second[1]["encrypted_content"] == "opaque-bytes"
+    # Rebuilt from the journal alone (as after a crash): the same items.
+    assert to_input_items(state.transcript)[:3] == second[:3]

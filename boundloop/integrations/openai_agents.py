@@ -58,7 +58,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from boundloop.errors import ConfigError
@@ -86,6 +86,10 @@ __all__ = ["BoundloopAgent", "to_input_items"]
 
 _EXTRA = "openai-agents"
 _WHAT = "boundloop.integrations.openai_agents"
+
+#: The output items of a step (its ``CallTools.content``) sent back with later steps; others
+#: (another provider's blocks, in a history given to ``run``) are left out.
+_ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "compaction"})
 
 #: The SDK's turns in one step: one real request, and one more that is never sent (the
 #: SDK asking again shows it refused the answer).
@@ -137,7 +141,7 @@ class BoundloopAgent(Guest):
                  budget: Budget | None = None, version: str = "", context: Any = None,
                  tool_options: Mapping[str, Mapping[str, Any]] | None = None,
                  run_config: agents.RunConfig | None = None, price: Price | None = None,
-                 sdk_tracing: bool = False, permit: Any = None,
+                 sdk_tracing: bool = False, permit: Callable[..., Any] | None = None,
                  max_running: int | None = None, max_queued: int = 100_000) -> None:
         require_sdk("agents", _EXTRA, what=_WHAT)
         import agents
@@ -270,15 +274,15 @@ class BoundloopAgent(Guest):
         texts: list[str] = []
         calls: list[ToolCall] = []
         for item in response.output:
-            kind = getattr(item, "type", None)
+            kind = _get(item, "type")
             if kind == "message":
-                for part in getattr(item, "content", None) or []:
-                    if getattr(part, "type", None) == "output_text":
-                        texts.append(str(getattr(part, "text", "") or ""))
+                for part in _get(item, "content") or []:
+                    if _get(part, "type") == "output_text":
+                        texts.append(str(_get(part, "text") or ""))
             elif kind == "function_call":
-                calls.append(ToolCall(str(getattr(item, "call_id", "") or ""),
-                                      str(getattr(item, "name", "") or ""),
-                                      parse_arguments(getattr(item, "arguments", None))))
+                calls.append(ToolCall(str(_get(item, "call_id") or ""),
+                                      str(_get(item, "name") or ""),
+                                      parse_arguments(_get(item, "arguments"))))
         usage = self._usage(response)
         text = "".join(texts)
         info = response_info(response.response_id, model_name,
@@ -396,7 +400,7 @@ def to_input_items(history: Sequence[Any]) -> list[TResponseInputItem]:
 def _step_items(turn: ToolStep) -> list[dict[str, Any]]:
     ids = {str(_get(call, "id")) for call in turn.calls}
     saved = [item for item in (turn.content if isinstance(turn.content, list) else [])
-             if isinstance(item, dict) and item.get("type") != "function_call_output"]
+             if isinstance(item, dict) and item.get("type") in _ITEM_TYPES]
     out: list[dict[str, Any]] = []
     sent: set[str] = set()
     if turn.text and not any(item.get("type") == "message" for item in saved):
