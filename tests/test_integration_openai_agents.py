@@ -705,3 +705,20 @@ def test_reasoning_items_go_back_verbatim_from_the_journal(tmp_path: Path) -> No
     assert second[1]["id"] == "rs_1" and second[1]["encrypted_content"] == "opaque-bytes"
     # Rebuilt from the journal alone (as after a crash): the same items.
     assert to_input_items(state.transcript)[:3] == second[:3]
+
+
+def test_the_sdks_own_model_retries_are_off_one_step_is_one_request(tmp_path: Path) -> None:
+    from agents.retry import ModelRetrySettings
+
+    def fail(items: list[Any]) -> list[Any]:
+        raise ConnectionError("the provider dropped the connection")
+
+    model = FakeModel([fail, [assistant_message("late")]])
+    settings = agents.ModelSettings(retry=ModelRetrySettings(
+        max_retries=3, policy=lambda *args, **kwargs: True))
+    bound = BoundloopAgent(agents.Agent(name="flaky", model=model, model_settings=settings))
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "hi")
+    assert out.status == "model_error" and "dropped the connection" in out.result.explanation
+    assert len(model.inputs) == 1 and out.result.model_steps == 1
+    assert bound.sdk_agent.model_settings.retry is settings.retry    # the agent is unchanged
