@@ -722,3 +722,20 @@ def test_the_sdks_own_model_retries_are_off_one_step_is_one_request(tmp_path: Pa
     assert out.status == "model_error" and "dropped the connection" in out.result.explanation
     assert len(model.inputs) == 1 and out.result.model_steps == 1
     assert bound.sdk_agent.model_settings.retry is settings.retry    # the agent is unchanged
+
+
+def test_arguments_that_are_not_json_make_the_response_malformed(tmp_path: Path) -> None:
+    from openai.types.responses import ResponseFunctionToolCall
+
+    log: list[Any] = []
+    tools, _ = calculator(log)
+    broken = ResponseFunctionToolCall(type="function_call", call_id="c1", name="add",
+                                      arguments='{"x": 1, "y": ')
+    model = FakeModel([[broken]])
+    bound = BoundloopAgent(agents.Agent(name="calc", tools=tools, model=model))
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "add")
+        events = events_of(runner, out.run_id)
+    assert out.status == "malformed_response" and log == []
+    assert "add" in out.result.explanation and out.result.tool_calls == 0
+    assert not [e for e in events if isinstance(e, ev.CallDecided)]
