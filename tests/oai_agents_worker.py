@@ -1,9 +1,10 @@
 """A process for the OpenAI Agents SDK crash test: runs an unmodified ``agents.Agent`` under
 boundloop until the test SIGKILLs it inside a tool call.
 
-Usage: ``python oai_agents_worker.py JOURNAL LEDGER``. The agent calls ``ship`` (not
-idempotent, marked irreversible) then answers; ``ship`` appends its idempotency key to
-LEDGER (the real side effect) and then waits, so the test kills the process mid-call.
+Usage: ``python oai_agents_worker.py JOURNAL LEDGER [--idempotent]``. The agent calls
+``ship`` (marked irreversible, or with ``--idempotent`` idempotent) then answers; ``ship``
+appends its idempotency key to LEDGER (the real side effect) and then waits, so the test
+kills the process mid-call.
 The same module gives the test the agent, to resume the run in its own process.
 """
 
@@ -51,7 +52,7 @@ class HistoryModel(agents.Model):
         raise NotImplementedError
 
 
-def make_agent(ledger: Path, *, wait: bool) -> BoundloopAgent:
+def make_agent(ledger: Path, *, wait: bool, idempotent: bool = False) -> BoundloopAgent:
     @agents.function_tool
     async def ship(item: str) -> str:
         """Ship an item (a real, non-idempotent side effect)."""
@@ -67,13 +68,14 @@ def make_agent(ledger: Path, *, wait: bool) -> BoundloopAgent:
 
     sdk_agent = agents.Agent(name="shipper", instructions="Ship what is asked.",
                              tools=[ship], model=HistoryModel())
-    return BoundloopAgent(sdk_agent, tool_options={"ship": {"irreversible": True}},
+    kind = "idempotent" if idempotent else "irreversible"
+    return BoundloopAgent(sdk_agent, tool_options={"ship": {kind: True}},
                           budget=bl.Budget(max_tool_calls=3, max_model_steps=4))
 
 
 def main() -> None:
     journal, ledger = sys.argv[1], Path(sys.argv[2])
-    bound = make_agent(ledger, wait=True)
+    bound = make_agent(ledger, wait=True, idempotent="--idempotent" in sys.argv[3:])
     with bl.Runner(journal) as runner:
         out = bound.run(runner, "ship a box", run_id=RUN_ID)
     print(out.status)

@@ -302,16 +302,11 @@ def test_an_answer_the_sdk_refuses_is_malformed_and_may_be_retried(tmp_path: Pat
 
 # --- 4. a real SIGKILL mid-call ----------------------------------------------------------------
 
-def test_sigkill_inside_a_non_idempotent_tool_needs_review_and_never_reruns(
-        tmp_path: Path) -> None:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from oai_agents_worker import RUN_ID, make_agent
-
-    journal, ledger = tmp_path / "j", tmp_path / "ledger"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.Popen([sys.executable, str(WORKER), str(journal), str(ledger)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+def killed_mid_call(journal: Path, ledger: Path, *extra: str) -> list[str]:
+    """Run the worker in a real process and SIGKILL it while its tool call is running
+    (its effect done, its outcome not recorded); the ledger's lines."""
+    proc = subprocess.Popen([sys.executable, str(WORKER), str(journal), str(ledger), *extra],
+                            env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         end = time.monotonic() + 60
         while not (ledger.exists() and ledger.read_text().strip()):
@@ -327,6 +322,22 @@ def test_sigkill_inside_a_non_idempotent_tool_needs_review_and_never_reruns(
     assert proc.returncode == -signal.SIGKILL
     effects = ledger.read_text().splitlines()
     assert len(effects) == 1
+    return effects
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
+def test_sigkill_inside_a_non_idempotent_tool_needs_review_and_never_reruns(
+        tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from oai_agents_worker import RUN_ID, make_agent
+
+    journal, ledger = tmp_path / "j", tmp_path / "ledger"
+    env = child_env()
+    effects = killed_mid_call(journal, ledger)
 
     bound = make_agent(ledger, wait=False)
     with bl.Runner(journal) as runner:
@@ -358,6 +369,28 @@ def test_sigkill_inside_a_non_idempotent_tool_needs_review_and_never_reruns(
         done = bound.resume(runner, RUN_ID)
     assert done.status == "final" and done.output == "shipped: resolved by a person: box left"
     assert ledger.read_text().splitlines() == effects
+
+
+def test_sigkill_inside_an_idempotent_tool_retries_it_under_the_same_key(
+        tmp_path: Path) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from oai_agents_worker import RUN_ID, make_agent
+
+    journal, ledger = tmp_path / "j", tmp_path / "ledger"
+    effects = killed_mid_call(journal, ledger, "--idempotent")
+    with bl.Runner(journal) as runner:
+        [recovered] = runner.recover()
+        out = make_agent(ledger, wait=False, idempotent=True).resume(runner, RUN_ID)
+        events = events_of(runner, RUN_ID)
+    assert out.status == "final" and out.output == "shipped: box shipped"
+    again = ledger.read_text().splitlines()
+    assert len(again) == 2 and again[0] == again[1] == effects[0]   # the same key, twice
+    assert out.result.tool_calls == 2                                # the retry counts
+    assert [(c.tool, c.status, c.attempts) for c in out.result.completed] == \
+        [("ship", "ok", 2)]
+    attempts = [e.attempt for e in events if isinstance(e, ev.CallDispatched)]
+    assert attempts == [1, 2]
+    intent_before_dispatch(events)
 
 
 # --- 5. parallel delegation shares one limit (pydantic-ai-harness #696) ------------------------
