@@ -385,7 +385,10 @@ def _secs(value: float | None) -> str:
 
 def _tokens(usage: Any) -> str:
     text = f"{usage.total_tokens} tok"
-    return text if usage.cost is None else f"{text}, cost {money(usage.cost)}"
+    text = text if usage.cost is None else f"{text}, cost {money(usage.cost)}"
+    unpriced = getattr(usage, "unpriced_steps", 0)
+    # A cost that leaves steps out says so (price="auto": a model the catalogue lacks).
+    return f"{text} (partial: {unpriced} unpriced)" if unpriced else text
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_CODES)
@@ -688,6 +691,10 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
                                          if tl.agent_version else ""))
     if tl.labels:
         out.line("labels: " + ", ".join(f"{k}={v}" for k, v in sorted(tl.labels.items())))
+    if tl.tool_caps:
+        # Accepted calls of each capped tool (nested runs' included) against its cap.
+        out.line("tool caps: " + ", ".join(f"{name} {tl.tool_counts.get(name, 0)}/{cap}"
+                                           for name, cap in sorted(tl.tool_caps.items())))
     if tl.parent_run_id:
         out.line(f"parent run: {tl.parent_run_id}")
     if tl.awaiting:

@@ -41,6 +41,8 @@ class RunAdmitted(Event, frozen=True, tag="run.admitted"):
     agent_version: str = ""
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     queued: bool = False
+    #: The run's per-tool caps (``bl.tool(max_calls=N)``): tool name -> N, for reports.
+    tool_caps: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class ModelStepStarted(Event, frozen=True, tag="model.started"):
@@ -81,6 +83,9 @@ class UsageCharged(Event, frozen=True, tag="usage.charged"):
     step: int
     usage: Usage
     estimated: bool = False
+    #: Why the step could not be priced, in a run priced by the catalogue (``""``: it
+    #: was, or the run is not); its ``usage.unpriced_steps`` is then 1.
+    unpriced: str = ""
 
 
 class CallDecided(Event, frozen=True, tag="call.decided"):
@@ -219,6 +224,8 @@ class ChildCharged(Event, frozen=True, tag="child.charged"):
     child_run_id: str
     tool_calls: int = 0
     usage: Usage = msgspec.field(default_factory=Usage)
+    #: The calls among ``tool_calls`` by tool name (they count against per-tool caps).
+    tools: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class OwnerClaimed(Event, frozen=True, tag="owner.claimed"):

@@ -574,6 +574,10 @@ class Timeline(msgspec.Struct, kw_only=True):
     labels: dict[str, str] = msgspec.field(default_factory=dict)
     #: Calls that wait for a person: execution id, tool and arguments (as journaled).
     awaiting: list[AwaitingCall] = msgspec.field(default_factory=list)
+    #: The run's per-tool caps (tool name -> max_calls) and its accepted calls by tool
+    #: (nested runs' included), as the fold counts them.
+    tool_caps: dict[str, int] = msgspec.field(default_factory=dict)
+    tool_counts: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class AwaitingCall(msgspec.Struct, frozen=True):
@@ -601,7 +605,9 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
             row.step, row.call_id, row.tool = rec.step, rec.call_id, rec.tool
     match event:
         case ev.RunAdmitted():
-            names = ", ".join(event.tools) or "none"
+            names = ", ".join(t + (f" (max_calls={event.tool_caps[t]})"
+                                   if t in event.tool_caps else "")
+                              for t in event.tools) or "none"
             row.detail = f"tools: {names}"
         case ev.ModelStepStarted():
             row.step = event.step
@@ -621,7 +627,8 @@ def _row(seq: int, event: ev.Event, state: RunState, t0: float) -> TimelineRow:
             u = event.usage
             row.detail = (f"in {u.all_input_tokens} out {u.output_tokens}"
                           f"{'' if u.cost is None else f' cost {money(u.cost)}'}"
-                          f" ({'estimated' if event.estimated else 'reported'})")
+                          f" ({'estimated' if event.estimated else 'reported'})"
+                          + (f"; unpriced: {_short(event.unpriced)}" if event.unpriced else ""))
         case ev.NoticeAdded():
             row.detail = _short(event.text)
         case ev.CallDecided():
@@ -701,7 +708,8 @@ def timeline(events: Iterable[ev.Event],
         status = state_word(False, status, state.owner, owners)
         explanation = f"{OPEN_EXPLANATIONS[status]} {waiting_note(state, status)}".strip()
     return Timeline(agent=state.agent, agent_version=state.agent_version,
-                    labels=state.labels,
+                    labels=state.labels, tool_caps=dict(state.tool_caps),
+                    tool_counts=dict(state.tool_counts),
                     awaiting=[AwaitingCall(r.execution_id, r.tool, r.arguments)
                               for r in state.awaiting],
                     run_id=state.run_id, status=status, finished=state.finished,

@@ -14,12 +14,14 @@ import hashlib
 import hmac
 import inspect
 import threading
+from collections import Counter
 from collections.abc import Callable, Generator
 from typing import Any
 
 import msgspec
 
 from boundloop import events as ev
+from boundloop import pricing
 from boundloop.actors.workers import RunLoop, is_async
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
@@ -40,9 +42,11 @@ from boundloop.policy.budget import (
     LedgerReply,
     Price,
     Usage,
+    add_counts,
     default_reservation,
     priced,
     remaining,
+    sub_counts,
     within_tree,
 )
 from boundloop.policy.decide import Attempt as Attempt
@@ -121,6 +125,9 @@ class ParentLink(msgspec.Struct):
     loop: asyncio.AbstractEventLoop | None = None
     #: The run's scrubber: a child starts knowing every secret its parent redacted.
     scrubber: Scrubber | None = None
+    #: The run's accepted calls by tool, and its per-tool caps (tool name -> max_calls).
+    tool_counts: dict[str, int] = msgspec.field(default_factory=dict)
+    tool_caps: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Dispatch(msgspec.Struct):
@@ -174,6 +181,10 @@ class Ledger(msgspec.Struct):
     tool_calls: int = 0
     usage: Usage | None = None
     close: bool = False
+    #: Own calls by tool since the last time (part of ``tool_calls``), and the calls of
+    #: the batch to reserve by tool (part of ``reserve``), for per-tool caps.
+    tools: dict[str, int] = msgspec.field(default_factory=dict)
+    reserve_tools: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class CallUser(msgspec.Struct):
@@ -273,7 +284,11 @@ class RunSpec(msgspec.Struct, kw_only=True, weakref=True):
     lease_ok: Callable[[], bool] | None = None
     permit: Permit | None = None
     read_only: bool = False
-    price: Price | None = None
+    #: A price table, ``"auto"`` (the genai-prices catalogue, ``boundloop.pricing``), or None.
+    price: Price | str | None = None
+    #: What a run priced by the catalogue does with a step it cannot price: ``"fail"``
+    #: (a run with ``max_cost`` stops, fail closed) or ``"partial"`` (it goes on).
+    unpriced: str = "fail"
     estimator: Estimator | None = None
     parent_run_id: str | None = None
     parent_step: int | None = None
@@ -358,6 +373,15 @@ class Driver:
         self.ledger_open = spec.parent_run_id is not None and spec.resume is None
         self.charged: tuple[int, Usage] = (0, Usage())
         self.snapshot: tuple[int, Usage] = (0, Usage())
+        # The same, by tool (per-tool caps travel up the tree as tool_calls do).
+        self.charged_tools: dict[str, int] = {}
+        self.snapshot_tools: dict[str, int] = {}
+        #: The run's per-tool caps (``bl.tool(max_calls=N)``): tool name -> N.
+        self.caps = {name: t.max_calls for name, t in spec.tools.items()
+                     if t.max_calls is not None}
+        #: A nested run's last reservation: the calls of the batch's capped tools the run
+        #: tree granted, and the ancestors' caps that bound them.
+        self.tree_tools: tuple[dict[str, int], dict[str, int]] | None = None
         self.current = self.budget
         self.sized = (0, 2)  # messages measured, compact JSON bytes of the list "[...]"
         # Per call: attempts whose outcome is recorded, and calls an attempt of which may
@@ -370,6 +394,9 @@ class Driver:
             Scrubber(spec.secret_key)
         #: True once the run's last commit gives up its ownership (awaiting approval).
         self.releasing = False
+        # Priced by the catalogue: the Runner's price="auto", or the model adapter's.
+        self.catalogue = pricing.prices_by_catalogue(spec.price, spec.model)
+        self.table = spec.price if isinstance(spec.price, Price) else None
 
     # -- bookkeeping -------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -503,7 +530,8 @@ class Driver:
                          tools=sorted(spec.tools), owner=owner,
                          parent_run_id=spec.parent_run_id, parent_step=spec.parent_step,
                          parent_execution_id=spec.parent_execution_id, agent=spec.agent,
-                         agent_version=spec.agent_version, labels=spec.labels, queued=queued)
+                         agent_version=spec.agent_version, labels=spec.labels, queued=queued,
+                         tool_caps=self.caps)
 
     def run(self) -> Generator[Effect, Any, RunResult]:
         spec = self.spec
@@ -671,28 +699,42 @@ class Driver:
         spend at the moment, the base of its ledger should a child start."""
         st = self.state
         self.snapshot = (st.tool_calls - st.child_tool_calls, st.usage - st.child_usage)
+        self.snapshot_tools = sub_counts(st.tool_counts, st.child_tool_counts)
         return ParentLink(self.spec.run_id, step, self.current, st.tool_calls, st.usage,
                           self.deadline, self.spec.cancel, self.spec.children, self.spec.loop,
-                          self.scrubber)
+                          self.scrubber, dict(st.tool_counts), dict(self.caps))
 
-    def settle_ledger(self, reserve: int = 0,
-                      close: bool = False) -> Generator[Effect, Any, LedgerReply | None]:
+    def uncharged(self) -> bool:
+        """True when the run has own tool calls the run tree's ledger does not know yet."""
+        st = self.state
+        return st.tool_calls - st.child_tool_calls > self.charged[0]
+
+    def settle_ledger(self, reserve: int = 0, close: bool = False,
+                      reserve_tools: dict[str, int] | None = None,
+                      ) -> Generator[Effect, Any, LedgerReply | None]:
         """Charge own spend to the run tree, fold what descendants spent, and (for a child)
-        reserve ``reserve`` tool calls against every ancestor at once."""
+        reserve ``reserve`` tool calls (``reserve_tools`` of them by tool, for per-tool
+        caps) against every ancestor at once."""
         spec, st = self.spec, self.state
         if not self.ledger_open:
             if not spec.children.is_set():
                 return None
             self.ledger_open = True
             self.charged = self.snapshot
+            self.charged_tools = self.snapshot_tools
         own_calls = st.tool_calls - st.child_tool_calls
         own_usage = st.usage - st.child_usage
+        own_tools = sub_counts(st.tool_counts, st.child_tool_counts)
         calls, usage = own_calls - self.charged[0], own_usage - self.charged[1]
-        reply: LedgerReply = yield Ledger(spec.run_id, reserve, max(calls, 0), usage, close)
+        reply: LedgerReply = yield Ledger(spec.run_id, reserve, max(calls, 0), usage, close,
+                                          sub_counts(own_tools, self.charged_tools),
+                                          reserve_tools or {})
         self.charged = (own_calls + (reserve if reply.granted else 0), own_usage)
+        self.charged_tools = add_counts(own_tools, reserve_tools or {}) if reply.granted \
+            else own_tools
         for child in reply.children:
             self.emit(ev.ChildCharged, child_run_id=child.child_run_id,
-                      tool_calls=child.tool_calls, usage=child.usage)
+                      tool_calls=child.tool_calls, usage=child.usage, tools=child.tools)
         return reply
 
     def finish(self, stop: decide.Stop) -> Generator[Effect, Any, RunResult]:
@@ -747,7 +789,7 @@ class Driver:
         if spec.estimator is None:
             usage = default_reservation(self.history_bytes(),
                                         getattr(spec.model, "max_output_tokens", None))
-            return priced(usage, spec.price)
+            return self.priced_estimate(usage)
         reply = yield CallUser(spec.estimator, (copy_history(self.state.transcript),
                                                 spec.model), self.deadline, spec.cancel)
         if reply.abandoned is not None:
@@ -765,7 +807,16 @@ class Driver:
                 "returned something other than a bl.Usage or an int of input tokens " \
                 "(counts must be whole numbers >= 0)"
             raise EstimatorFailed(f"the runner's estimator {why}")
-        return priced(estimate, spec.price)
+        return self.priced_estimate(estimate)
+
+    def priced_estimate(self, usage: Usage) -> Usage:
+        """A reservation with its cost: by the price table, else by the catalogue for the
+        model the adapter asks for (left without one when the catalogue does not know it:
+        the reply prices the step)."""
+        if usage.unpriced_steps:  # only the decider says a step is unpriced
+            usage = msgspec.structs.replace(usage, unpriced_steps=0)
+        usage = priced(usage, self.table)
+        return pricing.reservation_cost(usage, self.spec.model) if self.catalogue else usage
 
     def history_bytes(self) -> int:
         """Bytes of the history as compact JSON, kept up to date as it grows (encoding the
@@ -819,10 +870,14 @@ class Driver:
             self.pending = [e for e in self.pending if e is not started]
             raise
         error = None if reply.error is None else journal_safe(describe_exception(reply.error))
+        # The catalogue's price of the reply (an effect: the decider only reads it).
+        quote = pricing.quote(reply.response, spec.model) \
+            if self.catalogue and reply.error is None and reply.abandoned is None else None
         replied = decide.model_replied(
             st, budget, decide.Reply(reply.response, error, reply.latency_s, reply.abandoned),
-            reservation=reservation, cancelled=spec.cancel.cancelled, price=spec.price,
-            now=self.now(), deadline_passed=self.deadline_passed())
+            reservation=reservation, cancelled=spec.cancel.cancelled, price=self.table,
+            now=self.now(), deadline_passed=self.deadline_passed(), catalogue=self.catalogue,
+            quote=quote, unpriced=spec.unpriced)
         self.take(replied.events)
         if replied.batch is None:
             return replied.stop
@@ -831,11 +886,16 @@ class Driver:
                                   was_final_only=was_final_only)
         if stop is not None:
             return stop
+        self.tree_tools = None
         if self.ledger_open and spec.parent_run_id is not None:
-            tree = yield from self.settle_ledger(reserve=len(parsed.calls))
+            by_tool = Counter(call.name for call in parsed.calls)
+            tree = yield from self.settle_ledger(reserve=len(parsed.calls),
+                                                 reserve_tools=dict(by_tool))
             if tree is not None and not tree.granted:
                 return decide.Stop("limit_exceeded", "tool_calls",
                                    "The parent run has too few tool calls left for the batch.")
+            if tree is not None:
+                self.tree_tools = (tree.tools_granted, tree.tool_caps)
         return (yield from self.calls(step, parsed, ctx))
 
     def decide_calls(self, batch: CallTools, ctx: ModelContext) -> Generator[
@@ -848,10 +908,15 @@ class Driver:
         # can change the recorded call.
         calls = [msgspec.msgpack.decode(msgspec.msgpack.encode(c), type=ToolCall)
                  for c in batch.calls]
+        granted, tree_caps = self.tree_tools or (None, None)
+        capped = decide.cap_denials([c.name for c in calls], self.caps,
+                                    self.state.tool_counts, granted=granted,
+                                    tree_caps=tree_caps)
         verdicts: list[Any] = [None] * len(calls)
         if spec.permit is not None:
+            # A call its tool's cap denies is not put to the permission check.
             asked = [(i, c, spec.tools[c.name]) for i, c in enumerate(calls)
-                     if c.name in spec.tools
+                     if c.name in spec.tools and not capped[i]
                      and (spec.read_only is False or spec.tools[c.name].read_only)]
             check = _apermits if is_async(spec.permit) else _permits
             answers = yield CallUser(check, (spec.permit, [(c, t) for _, c, t in asked],
@@ -864,7 +929,7 @@ class Driver:
             for (i, _, _), verdict in zip(asked, got, strict=True):
                 verdicts[i] = verdict
         out = []
-        for call, verdict in zip(calls, verdicts, strict=True):
+        for call, verdict, cap in zip(calls, verdicts, capped, strict=True):
             tool = spec.tools.get(call.name)
             kwargs: dict[str, Any] = {}
             invalid = None
@@ -876,7 +941,8 @@ class Driver:
             decision, reason = decide.call_decision(
                 call.name, spec.tools, tool_read_only=bool(tool and tool.read_only),
                 read_only_runner=spec.read_only, verdict=verdict, invalid=invalid,
-                deadline_passed=self.deadline_passed(), cancelled=spec.cancel.cancelled)
+                deadline_passed=self.deadline_passed(), cancelled=spec.cancel.cancelled,
+                capped=cap)
             out.append((decision, reason, kwargs if decision in ("allow", "skipped") else {},
                         False))
         return (yield from self.approvals(calls, out, ctx))
@@ -949,6 +1015,11 @@ class Driver:
                                detail=f"The calls' decisions could not be recorded ({exc}); "
                                       "none was dispatched.")
         outcomes: list[Outcome] = []
+        if planned and self.ledger_open and self.uncharged():
+            # The run tree's ledger is open (a handler of this run started a child before):
+            # the batch's own calls count there before any child of it reserves, so that
+            # the children see them (SPEC 8; per-tool caps too).
+            yield from self.settle_ledger()
         if planned:
             allowance = self.current.max_tool_calls - st.tool_calls
             outcomes = yield Dispatch(planned, self.budget.max_parallel, self.deadline,

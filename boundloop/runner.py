@@ -16,12 +16,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pykka
 
 from boundloop import events as ev
-from boundloop import keys
+from boundloop import keys, pricing
 from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.budget import BudgetActor, Close, Left, Open
 from boundloop.actors.executor import ExecutorActor
@@ -178,7 +178,16 @@ class Runner:
         estimator: ``(history, model) -> Usage | int``, the reservation made before each
             step (an int is input tokens; default: ceil(history JSON bytes / 4) input
             tokens plus the model's ``max_output_tokens``).
-        price: a price table for metering cost.
+        price: a price table for metering cost (``bl.Price``), or ``"auto"``: each step's
+            cost from the genai-prices catalogue (``boundloop[prices]``) for the model its
+            response reports, cache reads and writes at the catalogue's own prices (see
+            ``boundloop.pricing``).
+        unpriced: what a run priced by the catalogue does with a step it cannot price (an
+            unknown model, none reported): ``"fail"`` (default) ends a run that has a
+            ``max_cost`` ``limit_exceeded`` with ``exhausted_limit="cost"``, since its limit
+            can no longer be enforced; ``"partial"`` lets it go on. Either way the step is
+            counted in ``usage.unpriced_steps`` and the explanation says the cost is
+            partial (a run without ``max_cost`` always goes on).
         sync: fsync every journal commit (ignored when a Journal is given).
         compress: store the journal's events compressed (ignored when a Journal is given):
             about half the pages per round; the journal becomes record format 3, which
@@ -212,16 +221,21 @@ class Runner:
     def __init__(self, journal: str | os.PathLike[str] | Journal = ".boundloop", *,
                  read_only: bool = False, max_in_flight: int = 1000, supervisors: int = 2,
                  model_threads: int = 32, tool_threads: int = 32,
-                 estimator: Estimator | None = None, price: Price | None = None,
+                 estimator: Estimator | None = None,
+                 price: Price | Literal["auto"] | None = None,
                  sync: bool = True, clock: Clock | None = None, lease_s: float = 30.0,
                  telemetry: Telemetry | None = None,
                  max_threads: int = MAX_THREADS,
-                 redaction_key: keys.KeySource | None = None, compress: bool = False) -> None:
+                 redaction_key: keys.KeySource | None = None, compress: bool = False,
+                 unpriced: Literal["fail", "partial"] = "fail") -> None:
         if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) \
                 or max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be a whole number >= 1, got {max_in_flight!r}")
         if supervisors < 1:
             raise ConfigError("supervisors must be at least 1")
+        # Checked before a journal is opened (genai-prices loaded now for "auto").
+        price = pricing.check_price(price, "Runner")
+        self.unpriced = pricing.check_unpriced(unpriced)
         for flag, given in (("read_only", read_only), ("sync", sync), ("compress", compress)):
             if not isinstance(given, bool):
                 raise ConfigError(f"{flag} must be True or False, got {given!r}")
@@ -888,7 +902,8 @@ class Runner:
             cancel=cancel or CancelToken(), secret_key=self._journal.secret_key,
             clock=self.clock, owner=self.owner,
             lease_ok=functools.partial(self.lease_ok, self._lapses), permit=permit,
-            read_only=self.read_only, price=self.price, estimator=self.estimator,
+            read_only=self.read_only, price=self.price, unpriced=self.unpriced,
+            estimator=self.estimator,
             run_child=self._run_child, **extra)
 
     def _scrubber(self, run_id: str, state: RunState, keep: bool = False) -> Scrubber:
@@ -972,7 +987,8 @@ class Runner:
         asked = budget if budget is not None else Budget()
         if not isinstance(asked, Budget):
             raise ConfigError(f"budget must be a bl.Budget, got {asked!r}")
-        self._budget.tell(Open(link.run_id, None, link.budget, link.tool_calls, link.usage))
+        self._budget.tell(Open(link.run_id, None, link.budget, link.tool_calls, link.usage,
+                               link.tool_caps, link.tool_counts))
         left = self._budget.ask(Left(link.run_id), block=True)
         deadline_left = None if link.deadline is None else \
             max(link.deadline - self.clock.monotonic(), 0.0)
@@ -988,7 +1004,8 @@ class Runner:
                           parent_execution_id=execution_id, parent_deadline=link.deadline,
                           loop=link.loop, scrubber=Scrubber(self._journal.secret_key,
                                                             inherit=link.scrubber))
-        self._budget.tell(Open(spec.run_id, link.run_id, carved))
+        self._budget.tell(Open(spec.run_id, link.run_id, carved, caps={
+            name: t.max_calls for name, t in spec.tools.items() if t.max_calls is not None}))
         link.children.set()
         try:
             # A sync handler waiting here holds a pool thread: the pool adds one meanwhile,

@@ -166,6 +166,11 @@ class Tool:
         needs_approval: True (or a callable ``(call, ctx) -> bool`` deciding per call) to
             make an accepted call wait for a person's ``approve`` or ``deny`` before it is
             dispatched; the run pauses durably as ``awaiting_approval`` meanwhile.
+        max_calls: the most calls of this tool a run may accept, its nested runs' included
+            (None: no cap). Counted as ``max_tool_calls`` counts calls (every accepted
+            call, denied ones too), except that a retry of a call is that same call: once
+            the cap is reached, further calls of the tool are ``denied`` with a reason
+            naming the cap, and the run goes on.
     """
 
     def __init__(self, name: str | None, handler: Callable[..., Any], *,
@@ -174,11 +179,12 @@ class Tool:
                  timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
                  reconcile: Callable[[str], Any] | None = None,
                  sensitive: Collection[str] = (),
-                 needs_approval: bool | ApprovalRule = False) -> None:
+                 needs_approval: bool | ApprovalRule = False,
+                 max_calls: int | None = None) -> None:
         self._configure(name, handler, description, read_only=read_only,
                         idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
                         retry=retry, reconcile=reconcile, sensitive=sensitive,
-                        needs_approval=needs_approval)
+                        needs_approval=needs_approval, max_calls=max_calls)
         args_type, self._context_name = self._derive()
         self._args_type: type[msgspec.Struct] | None = args_type
         self.schema = self._schema(args_type)
@@ -187,7 +193,8 @@ class Tool:
                    description: str | None, *, read_only: bool, idempotent: bool,
                    irreversible: bool, timeout_s: float | None, retry: RetryPolicy | None,
                    reconcile: Callable[[str], Any] | None, sensitive: Collection[str],
-                   needs_approval: bool | ApprovalRule = False) -> None:
+                   needs_approval: bool | ApprovalRule = False,
+                   max_calls: int | None = None) -> None:
         """The options every tool has, checked (the schema is the caller's business)."""
         if not callable(handler):
             raise ConfigError(f"a tool handler must be callable, got {handler!r}")
@@ -218,6 +225,11 @@ class Tool:
             raise ConfigError(f"tool {self.name!r}: needs_approval must be True, False or a "
                               f"callable (call, ctx) -> bool, got {needs_approval!r}")
         self.needs_approval = needs_approval
+        if max_calls is not None and (isinstance(max_calls, bool) or not isinstance(
+                max_calls, int) or not 0 <= max_calls <= MAX_WHOLE):
+            raise ConfigError(f"tool {self.name!r}: max_calls must be a whole number from 0 to "
+                              f"{MAX_WHOLE} (2**63 - 1), or None for no cap; got {max_calls!r}")
+        self.max_calls: int | None = max_calls
         # Set by Tool.from_schema: its cached jsonschema validator, the parameter that gets
         # the arguments as one dict, and the keywords the handler takes (None: any).
         self._validator: Any = None
@@ -231,7 +243,8 @@ class Tool:
                     timeout_s: float | None = 60.0, retry: RetryPolicy | None = None,
                     reconcile: Callable[[str], Any] | None = None,
                     sensitive: Collection[str] = (),
-                    needs_approval: bool | ApprovalRule = False) -> Tool:
+                    needs_approval: bool | ApprovalRule = False,
+                    max_calls: int | None = None) -> Tool:
         """A tool whose arguments a plain JSON Schema describes (as MCP servers and OpenAPI
         documents give them) instead of the handler's type hints. Needs the ``jsonschema``
         package (``pip install 'boundloop[schema]'``; ``boundloop[mcp]`` includes it).
@@ -268,7 +281,7 @@ class Tool:
         self._configure(name, handler, description, read_only=read_only,
                         idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
                         retry=retry, reconcile=reconcile, sensitive=sensitive,
-                        needs_approval=needs_approval)
+                        needs_approval=needs_approval, max_calls=max_calls)
         plain = _plain_schema(self.name, schema)
         self._validator = _schema_validator(self.name, plain)
         self._args_type = None
@@ -601,7 +614,7 @@ def tool(*, name: str | None = None, description: str | None = None, read_only: 
          idempotent: bool = False, irreversible: bool = False, timeout_s: float | None = 60.0,
          retry: RetryPolicy | None = None, reconcile: Callable[[str], Any] | None = None,
          sensitive: Collection[str] = (), needs_approval: bool | ApprovalRule = False,
-         ) -> Callable[[Callable[..., Any]], Tool]: ...
+         max_calls: int | None = None) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
 def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
@@ -609,13 +622,13 @@ def tool(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
          irreversible: bool = False, timeout_s: float | None = 60.0,
          retry: RetryPolicy | None = None, reconcile: Callable[[str], Any] | None = None,
          sensitive: Collection[str] = (), needs_approval: bool | ApprovalRule = False,
-         ) -> Tool | Callable[[Callable[..., Any]], Tool]:
+         max_calls: int | None = None) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a Tool of a function; use bare (``@bl.tool``) or with options (``@bl.tool(...)``)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
         return Tool(name, f, description=description, read_only=read_only,
                     idempotent=idempotent, irreversible=irreversible, timeout_s=timeout_s,
                     retry=retry, reconcile=reconcile, sensitive=sensitive,
-                    needs_approval=needs_approval)
+                    needs_approval=needs_approval, max_calls=max_calls)
 
     return wrap(fn) if fn is not None else wrap

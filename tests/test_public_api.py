@@ -188,6 +188,8 @@ MODULE_ALL: dict[str, set[str]] = {
     "boundloop.models.openai": {
         "AsyncOpenAIChatModel", "AsyncOpenAIResponsesModel", "OpenAIChatModel",
         "OpenAIResponsesModel"},
+    "boundloop.pricing": {"AUTO", "PriceOption", "Unpriced", "catalogue_cost",
+                          "require_catalogue"},
     "boundloop.recovery": {"RecoveredRun"},
     "boundloop.results": {"CompletedAction", "RunResult", "UnresolvedAction"},
     "boundloop.telemetry": {"Fanout", "OtelMetrics", "Projection", "Sink", "Telemetry"},

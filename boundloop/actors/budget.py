@@ -21,6 +21,7 @@ from boundloop.policy.budget import (
     LedgerReply,
     TreeLeft,
     Usage,
+    add_counts,
     remaining,
     smaller,
 )
@@ -34,6 +35,9 @@ class Open(msgspec.Struct):
     budget: Budget
     tool_calls: int = 0
     usage: Usage = msgspec.field(default_factory=Usage)
+    #: The run's per-tool caps (tool name -> max_calls) and its calls so far by tool.
+    caps: dict[str, int] = msgspec.field(default_factory=dict)
+    tool_counts: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Settle(msgspec.Struct):
@@ -61,6 +65,8 @@ class _Node(msgspec.Struct):
     tool_calls: int = 0
     usage: Usage = msgspec.field(default_factory=Usage)
     unfolded: dict[str, ChildSpend] = msgspec.field(default_factory=dict)
+    caps: dict[str, int] = msgspec.field(default_factory=dict)
+    tool_counts: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class BudgetActor(Actor):
@@ -74,8 +80,9 @@ class BudgetActor(Actor):
         match message:
             case Open():
                 if message.run_id not in self.nodes:
-                    self.nodes[message.run_id] = _Node(message.parent, message.budget,
-                                                       message.tool_calls, message.usage)
+                    self.nodes[message.run_id] = _Node(
+                        message.parent, message.budget, message.tool_calls, message.usage,
+                        caps=dict(message.caps), tool_counts=dict(message.tool_counts))
             case Settle(ledger=ledger, reply=reply):
                 answer = self._settle(ledger)
                 if ledger.close:
@@ -95,15 +102,36 @@ class BudgetActor(Actor):
             current = self.nodes[current].parent
         return out
 
-    def _charge(self, run_id: str, calls: int, usage: Usage) -> None:
+    def _charge(self, run_id: str, calls: int, usage: Usage,
+                tools: dict[str, int] | None = None) -> None:
+        tools = tools or {}
         for name, node in self._chain(run_id):
             node.tool_calls += calls
             node.usage = node.usage + usage
+            if tools:
+                node.tool_counts = add_counts(node.tool_counts, tools)
             if name != run_id:
                 had = node.unfolded.get(run_id)
                 node.unfolded[run_id] = ChildSpend(
                     run_id, calls + (had.tool_calls if had else 0),
-                    usage + had.usage if had else usage)
+                    usage + had.usage if had else usage,
+                    add_counts(had.tools, tools) if had else dict(tools))
+
+    def _tool_room(self, run_id: str, tools: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """For each of ``tools`` that an ancestor of ``run_id`` caps: the calls of it every
+        such ancestor has left, and the cap of the one with the fewest left."""
+        room: dict[str, tuple[int, int]] = {}
+        for name, node in self._chain(run_id):
+            if name == run_id:
+                continue
+            for tool in tools:
+                cap = node.caps.get(tool)
+                if cap is None:
+                    continue
+                left = max(cap - node.tool_counts.get(tool, 0), 0)
+                if tool not in room or left < room[tool][0]:
+                    room[tool] = (left, cap)
+        return room
 
     def _left(self, run_id: str, include_self: bool) -> TreeLeft:
         left = TreeLeft()
@@ -119,16 +147,25 @@ class BudgetActor(Actor):
         return left
 
     def _settle(self, m: Ledger) -> LedgerReply:
-        if m.tool_calls or m.usage is not None:
-            self._charge(m.run_id, m.tool_calls, m.usage or Usage())
+        if m.tool_calls or m.usage is not None or m.tools:
+            self._charge(m.run_id, m.tool_calls, m.usage or Usage(), m.tools)
         granted = True
+        tools_granted: dict[str, int] = {}
+        tool_caps: dict[str, int] = {}
         if m.reserve:
             room = self._left(m.run_id, include_self=False).tool_calls
             granted = room is None or room >= m.reserve
             if granted:
-                self._charge(m.run_id, m.reserve, Usage())
+                # Per-tool caps: atomically with the tool calls, so parallel children of
+                # one run can never together exceed an ancestor's cap. Every call of the
+                # batch counts (a call the cap denies too, as tool_calls counts it).
+                for tool, (left, cap) in self._tool_room(m.run_id, m.reserve_tools).items():
+                    tools_granted[tool] = min(m.reserve_tools[tool], left)
+                    tool_caps[tool] = cap
+                self._charge(m.run_id, m.reserve, Usage(), m.reserve_tools)
         node = self.nodes.get(m.run_id)
         children = list(node.unfolded.values()) if node is not None else []
         if node is not None:
             node.unfolded = {}
-        return LedgerReply(granted, children, self._left(m.run_id, include_self=False))
+        return LedgerReply(granted, children, self._left(m.run_id, include_self=False),
+                           tools_granted, tool_caps)

@@ -454,13 +454,14 @@ def _count(value: Any) -> int:
 
 
 def make_usage(input_tokens: Any, output_tokens: Any, cache_write_tokens: Any = 0,
-               cache_read_tokens: Any = 0, *, price: Price | None = None) -> Usage:
+               cache_read_tokens: Any = 0, *, price: Price | str | None = None) -> Usage:
     """A bl.Usage from provider counts (None or junk counts as 0), with its cost from
-    ``price`` when one is given. ``input_tokens`` must already exclude cached input
-    (SPEC 7)."""
+    ``price`` when it is a table. ``input_tokens`` must already exclude cached input
+    (SPEC 7). With ``price="auto"`` the cost is left to the runner, which asks the
+    catalogue for the model the response reports (``boundloop.pricing``)."""
     usage = Usage(_count(input_tokens), _count(output_tokens), _count(cache_write_tokens),
                   _count(cache_read_tokens))
-    return priced(usage, price)
+    return priced(usage, price if isinstance(price, Price) else None)
 
 
 def response_info(response_id: Any, model: Any, finish_reason: Any) -> ResponseInfo | None:

@@ -79,7 +79,8 @@ from boundloop.models._common import (
     status_of,
     transient_status,
 )
-from boundloop.policy.budget import Price, Usage
+from boundloop.policy.budget import Usage
+from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import RetryPolicy
 
 __all__ = ["AnthropicModel", "AsyncAnthropicModel"]
@@ -120,7 +121,9 @@ class AnthropicModel:
         max_tokens: the output maximum of each request; also ``max_output_tokens``, the
             output part of each step's budget reservation.
         system: the system prompt, a string or a list of text blocks.
-        price: a ``bl.Price`` to compute each step's cost from its usage.
+        price: a ``bl.Price`` to compute each step's cost from its usage, or ``"auto"``:
+            the runner prices each step from the genai-prices catalogue
+            (``boundloop[prices]``) for the model the response reports.
         retry: a ``bl.RetryPolicy`` for transient provider errors (see the module doc);
             None: they end the step as a model error.
         cache: mark the system prompt, the last tool and the last user block for prompt
@@ -146,7 +149,8 @@ class AnthropicModel:
         return object.__new__(cls)
 
     def __init__(self, client: Any, model: str, max_tokens: int = 1024,
-                 system: str | list[dict[str, Any]] | None = None, price: Price | None = None,
+                 system: str | list[dict[str, Any]] | None = None,
+                 price: PriceOption = None,
                  retry: RetryPolicy | None = None, cache: bool = False,
                  **extra: Any) -> None:
         self._anthropic = _sdk()
@@ -159,9 +163,7 @@ class AnthropicModel:
                 isinstance(system, list) and all(isinstance(b, Mapping) for b in system)):
             raise ConfigError("AnthropicModel: system must be a string or a list of text "
                               f"blocks (dicts), got {type(system).__name__}")
-        if price is not None and not isinstance(price, Price):
-            raise ConfigError(f"AnthropicModel: price must be a bl.Price, got "
-                              f"{type(price).__name__}")
+        price = check_price(price, "AnthropicModel")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigError(f"AnthropicModel: retry must be a bl.RetryPolicy, got "
                               f"{type(retry).__name__}")

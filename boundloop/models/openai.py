@@ -21,7 +21,9 @@ Both take ``(client, model, max_tokens=1024, system=None, price=None, retry=None
 - ``max_tokens``: sent as ``max_completion_tokens`` (Chat) / ``max_output_tokens``
   (Responses), and declared as the model's ``max_output_tokens`` for the runner's reservation.
 - ``system``: a ``system`` message first (Chat) / ``instructions`` (Responses).
-- ``price``: a ``bl.Price``; each step's usage then carries its cost.
+- ``price``: a ``bl.Price``; each step's usage then carries its cost. ``"auto"``: the runner
+  prices each step from the genai-prices catalogue (``boundloop[prices]``) for the model
+  the response reports.
 - ``retry``: a ``bl.RetryPolicy``. Without it, a provider error (timeout, connection error,
   408/409/429, 5xx) ends the step as a model error. With it, such errors that are instances
   of ``retry.retry_on`` are retried within the step, up to ``retry.max_attempts`` attempts in
@@ -99,7 +101,8 @@ from boundloop.models._common import (
     status_of,
     transient_status,
 )
-from boundloop.policy.budget import Price, Usage
+from boundloop.policy.budget import Usage
+from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import RetryPolicy
 
 __all__ = ["AsyncOpenAIChatModel", "AsyncOpenAIResponsesModel", "OpenAIChatModel",
@@ -205,7 +208,7 @@ class _OpenAIModel:
         return super().__new__(cls)
 
     def __init__(self, client: Any, model: str, max_tokens: int = 1024,
-                 system: str | None = None, price: Price | None = None,
+                 system: str | None = None, price: PriceOption = None,
                  retry: RetryPolicy | None = None, **extra: Any) -> None:
         _sdk()
         name = type(self).__name__
@@ -218,8 +221,7 @@ class _OpenAIModel:
                               f"got {max_tokens!r}")
         if system is not None and not isinstance(system, str):
             raise ConfigError(f"{name}: system must be text or None, got {system!r}")
-        if price is not None and not isinstance(price, Price):
-            raise ConfigError(f"{name}: price must be a bl.Price or None, got {price!r}")
+        price = check_price(price, name)
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise ConfigError(f"{name}: retry must be a bl.RetryPolicy or None, got {retry!r}")
         taken = sorted(set(extra) & self._RESERVED)

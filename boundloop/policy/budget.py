@@ -37,7 +37,9 @@ class Usage(msgspec.Struct, frozen=True):
 
     ``input_tokens`` counts input neither written to nor read from a cache; all input is
     ``input_tokens + cache_write_tokens + cache_read_tokens``. ``cost`` is set when a price
-    table is given or the model reports it.
+    table is given or the model reports it. ``unpriced_steps`` counts the model steps a run
+    priced by the catalogue (``price="auto"``) could not price: when it is above 0, ``cost``
+    leaves them out (it is partial).
     """
 
     input_tokens: NonNegInt = 0
@@ -45,6 +47,7 @@ class Usage(msgspec.Struct, frozen=True):
     cache_write_tokens: NonNegInt = 0
     cache_read_tokens: NonNegInt = 0
     cost: NonNegFloat | None = None
+    unpriced_steps: NonNegInt = 0
 
     @property
     def all_input_tokens(self) -> int:
@@ -65,6 +68,7 @@ class Usage(msgspec.Struct, frozen=True):
             self.cache_write_tokens + other.cache_write_tokens,
             self.cache_read_tokens + other.cache_read_tokens,
             cost,
+            self.unpriced_steps + other.unpriced_steps,
         )
 
     def __sub__(self, other: Usage) -> Usage:
@@ -76,6 +80,7 @@ class Usage(msgspec.Struct, frozen=True):
             max(0, self.cache_write_tokens - other.cache_write_tokens),
             max(0, self.cache_read_tokens - other.cache_read_tokens),
             cost,
+            max(0, self.unpriced_steps - other.unpriced_steps),
         )
 
 
@@ -96,6 +101,15 @@ class Price(msgspec.Struct, frozen=True):
                     + usage.output_tokens * self.output_per_mtok
                     + usage.cache_write_tokens * cw + usage.cache_read_tokens * cr)
         return per_mtok / 1_000_000
+
+
+class Quote(msgspec.Struct, frozen=True):
+    """What the price catalogue said of one step's usage (``price="auto"``): its ``cost``,
+    or None with ``why`` it could not be priced. The lookup is an effect, made outside
+    policy; the decider only reads its answer."""
+
+    cost: float | None = None
+    why: str = ""
 
 
 def priced(usage: Usage, price: Price | None) -> Usage:
@@ -279,6 +293,8 @@ class ChildSpend(msgspec.Struct, frozen=True):
     child_run_id: str
     tool_calls: int
     usage: Usage
+    #: The calls among ``tool_calls`` by tool name (for per-tool caps).
+    tools: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class LedgerReply(msgspec.Struct, frozen=True):
@@ -288,6 +304,25 @@ class LedgerReply(msgspec.Struct, frozen=True):
     granted: bool
     children: list[ChildSpend]
     left: TreeLeft
+    #: For each tool of the reservation that an ancestor caps (``bl.tool(max_calls=N)``):
+    #: how many of the batch's calls of it may run (the others are denied) ...
+    tools_granted: dict[str, int] = msgspec.field(default_factory=dict)
+    #: ... and the cap that binds (the ancestor's N), for the denial's reason.
+    tool_caps: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+def add_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Per-tool call counts ``a`` plus ``b`` (a new dict)."""
+    out = dict(a)
+    for name, n in b.items():
+        out[name] = out.get(name, 0) + n
+    return out
+
+
+def sub_counts(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+    """Per-tool call counts ``a`` less ``b``, without the tools left at 0 or below."""
+    out = {name: n - b.get(name, 0) for name, n in a.items()}
+    return {name: n for name, n in out.items() if n > 0}
 
 
 def within_tree(budget: Budget, tool_calls: int, usage: Usage, left: TreeLeft) -> Budget:

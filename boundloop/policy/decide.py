@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Literal, TypedDict
 
 import msgspec
 
 from boundloop import events as ev
 from boundloop.messages import CallTools, Final, Malformed, Response, ToolCall
-from boundloop.policy.budget import Budget, Price, Usage, exceeded, priced
+from boundloop.policy.budget import Budget, Price, Quote, Usage, exceeded, priced
 from boundloop.policy.kinds import Decision
 from boundloop.policy.redact import (
     arguments_not_kept,
@@ -231,10 +231,45 @@ def check_batch(state: RunState, budget: Budget, calls: CallTools, *,
     return None
 
 
+def cap_denials(names: list[str], caps: Mapping[str, int], counts: Mapping[str, int], *,
+                granted: Mapping[str, int] | None = None,
+                tree_caps: Mapping[str, int] | None = None) -> list[str]:
+    """Per-tool caps (``bl.tool(max_calls=N)``), for the calls of one batch in the model's
+    order: the reason each call is denied for its tool's cap, or ``""``.
+
+    Every call of a tool counts, whatever its decision (as ``tool_calls`` counts calls): a
+    call is denied once the run's count of its tool (``counts``, nested runs' included)
+    plus the earlier calls of it in the batch reach the run's cap (``caps``), or, in a
+    nested run, once the batch's earlier calls of it reach what the run tree ``granted``
+    (the budget authority's answer: what every ancestor's cap has left, ``tree_caps``
+    naming the cap that binds).
+    """
+    seen: dict[str, int] = {}
+    out: list[str] = []
+    for name in names:
+        before = seen.get(name, 0)
+        seen[name] = before + 1
+        cap = caps.get(name)
+        if cap is not None and counts.get(name, 0) + before >= cap:
+            out.append(f"tool {name!r} reached its cap of {cap} call{'' if cap == 1 else 's'} "
+                       f"in this run (max_calls={cap})")
+        elif granted is not None and name in granted and before >= granted[name]:
+            bound = (tree_caps or {}).get(name)
+            what = f"max_calls={bound}" if bound is not None else "max_calls"
+            out.append(f"tool {name!r} reached its cap in an enclosing run ({what}, shared "
+                       "with the runs nested in it)")
+        else:
+            out.append("")
+    return out
+
+
 def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
                   read_only_runner: bool, verdict: Any, invalid: str | None,
-                  deadline_passed: bool, cancelled: bool) -> tuple[Decision, str]:
-    """SPEC 5.9, one call, in order: unknown tool, permission, arguments, deadline.
+                  deadline_passed: bool, cancelled: bool,
+                  capped: str = "") -> tuple[Decision, str]:
+    """SPEC 5.9, one call, in order: unknown tool, the read-only runner, the tool's cap
+    (``capped``: the reason from ``cap_denials``, or ``""``), permission, arguments,
+    deadline.
 
     ``verdict`` is what ``permit`` returned (True allows; a non-empty string is the reason
     to deny; an exception it raised denies), or None when there is no ``permit``.
@@ -246,6 +281,8 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
         return "unknown_tool", f"no tool named {name!r} (tools: {tools})"
     if read_only_runner and not tool_read_only:
         return "denied", f"this runner is read-only and tool {name!r} is not marked read_only"
+    if capped:
+        return "denied", capped
     if isinstance(verdict, BaseException):
         return "denied", f"the permission check raised {describe_exception(verdict)}"
     if verdict is not None and verdict is not True:
@@ -440,9 +477,49 @@ def start_step(state: RunState, budget: Budget, reservation: Usage,
                                reservation=reservation)
 
 
+def _charged(usage: Usage, price: Price | None, catalogue: bool,
+             quote: Quote | None) -> tuple[Usage, str]:
+    """A step's usage as charged (priced by ``price``, else by the catalogue's ``quote``
+    when the run is priced by the catalogue), and why it is unpriced (``""``: it is not)."""
+    charged = priced(usage, price)
+    if charged.unpriced_steps:  # only the decider says a step is unpriced
+        charged = msgspec.structs.replace(charged, unpriced_steps=0)
+    if not catalogue or charged.cost is not None:
+        return charged, ""
+    if quote is not None and quote.cost is not None:
+        return msgspec.structs.replace(charged, cost=quote.cost), ""
+    why = quote.why if quote is not None else \
+        "the model reported no usage, and its estimate could not be priced"
+    return msgspec.structs.replace(charged, unpriced_steps=1), why
+
+
+def unpriced_stop(budget: Budget, step: int, why: str, unpriced: str,
+                  what: str) -> Stop | None:
+    """A run priced by the catalogue met a step it cannot price (``why``): with
+    ``unpriced="fail"`` and a ``max_cost`` to enforce, it ends ``limit_exceeded(cost)``
+    (fail closed: a cost limit never silently stops covering); else it goes on, its cost
+    partial (``Usage.unpriced_steps``)."""
+    if not why or unpriced != "fail" or budget.max_cost is None:
+        return None
+    return Stop("limit_exceeded", "cost", plain=True, detail=(
+        f"The run stopped because its cost limit (max_cost={budget.max_cost}) cannot be "
+        f"enforced: model step {step} could not be priced ({why}); {what} "
+        "(unpriced='fail')."))
+
+
+def partial_cost_sentence(usage: Usage) -> str:
+    """What a run whose cost leaves out steps it could not price says of it."""
+    n = usage.unpriced_steps
+    if n <= 0:
+        return ""
+    steps = "one model step" if n == 1 else f"{n} model steps"
+    return f"Its cost is partial: {steps} could not be priced."
+
+
 def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation: Usage,
                   cancelled: bool, price: Price | None, now: Now,
-                  deadline_passed: bool = False) -> Replied:
+                  deadline_passed: bool = False, catalogue: bool = False,
+                  quote: Quote | None = None, unpriced: str = "fail") -> Replied:
     """SPEC 5 steps 3 to 7, for the step ``state.model_steps`` (already started).
 
     In order: the deadline wall abandoned the call (its reservation stands, estimated),
@@ -452,16 +529,27 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
     notice while ``malformed_retries`` remain);
     else the reported usage replaces the reservation (6), a final response is accepted
     (7), and a token or cost limit now exceeded keeps any call from being dispatched (6).
+
+    A run priced by the catalogue (``catalogue``; ``quote`` is the catalogue's answer for
+    the reported usage) marks a step it cannot price (``Usage.unpriced_steps``, and the
+    reason in ``UsageCharged.unpriced``); ``unpriced`` says what then happens
+    (``unpriced_stop``). A final response is still accepted, as in (6).
     """
     step, stamp = state.model_steps, now.stamp()
 
+    def charge(reported: Usage | None) -> tuple[ev.UsageCharged, str]:
+        charged, why = _charged(reservation if reported is None else reported, price,
+                                catalogue, None if reported is None else quote)
+        return ev.UsageCharged(**stamp, step=step, usage=charged, estimated=reported is None,
+                               unpriced=why), why
+
     def failed(reason: str, detail: str, stop: Stop | None,
                reported: Usage | None = None) -> Replied:
-        charge = ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True) \
-            if reported is None else ev.UsageCharged(**stamp, step=step,
-                                                     usage=priced(reported, price))
+        charged, why = charge(reported)
+        if stop is None:
+            stop = unpriced_stop(budget, step, why, unpriced, "the run did not go on")
         return Replied([ev.ModelStepFailed(**stamp, step=step, reason=reason, detail=detail,
-                                           latency_s=reply.latency_s), charge], stop)
+                                           latency_s=reply.latency_s), charged], stop)
 
     if reply.abandoned == "deadline":
         return failed("deadline", "the model ran on past the deadline and was abandoned",
@@ -483,6 +571,8 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
         retries = budget.malformed_retries
         if retries is None or state.malformed + 1 <= retries:
             out = failed("malformed", parsed.reason, None, parsed.usage)
+            if out.stop is not None:  # a step it cannot price ends the run (unpriced_stop)
+                return out
             return Replied([*out.events, ev.NoticeAdded(
                 **stamp, text=NOTICE.format(reason=parsed.reason))])
         return failed("malformed", parsed.reason,
@@ -490,18 +580,19 @@ def model_replied(state: RunState, budget: Budget, reply: Reply, *, reservation:
     events: list[ev.Event] = [ev.ModelStepCompleted(**stamp, step=step, response=parsed,
                                                     latency_s=reply.latency_s)]
     usage = state.usage
+    charged, why = charge(parsed.usage)
+    events.append(charged)
     if parsed.usage is not None:
-        charged = priced(parsed.usage, price)
-        events.append(ev.UsageCharged(**stamp, step=step, usage=charged))
-        usage = usage - reservation + charged
-    else:
-        events.append(ev.UsageCharged(**stamp, step=step, usage=reservation, estimated=True))
+        usage = usage - reservation + charged.usage
     if isinstance(parsed, Final):
         return Replied(events, Stop("final"))
     limit = exceeded(budget, usage)
     if limit is not None:
         return Replied(events, Stop("limit_exceeded", limit,
                                     "No call of the last response was dispatched."))
+    stop = unpriced_stop(budget, step, why, unpriced, "no call of it was dispatched")
+    if stop is not None:
+        return Replied(events, stop)
     return Replied(events, batch=parsed)
 
 
@@ -603,9 +694,11 @@ def run_finished(state: RunState, stop: Stop, budget: Budget, *, cancel_reason: 
     if stop.status == "cancelled" and cancel_reason:
         stop = msgspec.structs.replace(stop, detail=journal_safe(
             f"Reason: {cancel_reason}. {stop.detail}".strip()))
+    explanation = explain(stop, budget, len(state.unresolved))
+    partial = partial_cost_sentence(state.usage)
     return ev.RunFinished(run_id=now.run_id, ts=now.ts, elapsed_s=now.elapsed_s,
                           status=stop.status, exhausted_limit=stop.limit,
-                          explanation=explain(stop, budget, len(state.unresolved)),
+                          explanation=f"{explanation} {partial}" if partial else explanation,
                           model_steps=state.model_steps,
                           tool_calls=state.tool_calls, usage=state.usage)
 

@@ -120,6 +120,13 @@ class RunState(msgspec.Struct):
     reserved_ids: set[str] = msgspec.field(default_factory=set)
     child_tool_calls: int = 0
     child_usage: Usage = msgspec.field(default_factory=Usage)
+    #: Accepted calls by tool name, nested runs' included (as ``tool_calls`` counts them,
+    #: retries aside): what per-tool caps (``bl.tool(max_calls=N)``) are checked against.
+    tool_counts: dict[str, int] = msgspec.field(default_factory=dict)
+    #: The part of ``tool_counts`` that nested runs made (``ChildCharged``).
+    child_tool_counts: dict[str, int] = msgspec.field(default_factory=dict)
+    #: The per-tool caps the run was admitted with (tool name -> max_calls).
+    tool_caps: dict[str, int] = msgspec.field(default_factory=dict)
     malformed: int = 0
     reservation: Usage | None = None
     round_calls: list[str] = msgspec.field(default_factory=list)
@@ -339,6 +346,7 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             state.started_ts = event.ts
             state.agent, state.agent_version = event.agent, event.agent_version
             state.labels = dict(event.labels)
+            state.tool_caps = dict(event.tool_caps)
             if event.queued:
                 state.status = "queued"
         case ev.ModelStepStarted():
@@ -372,12 +380,17 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             _check_step(state, event, event.step)
             if not event.estimated:
                 state.usage = state.usage - (state.reservation or Usage()) + event.usage
+            elif event.usage.unpriced_steps:  # the estimate stands, and it has no price
+                state.usage = state.usage + Usage(unpriced_steps=event.usage.unpriced_steps)
             state.reservation = None
         case ev.ChildCharged():
             state.tool_calls += event.tool_calls
             state.usage = state.usage + event.usage
             state.child_tool_calls += event.tool_calls
             state.child_usage = state.child_usage + event.usage
+            for name, n in event.tools.items():
+                state.tool_counts[name] = state.tool_counts.get(name, 0) + n
+                state.child_tool_counts[name] = state.child_tool_counts.get(name, 0) + n
         case ev.CallDecided():
             if event.execution_id in state.calls:
                 raise _refuse(state, event, f"execution {event.execution_id!r} was decided "
@@ -401,6 +414,7 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             state.reserved_ids.add(event.call_id)
             state.round_calls.append(event.execution_id)
             state.tool_calls += 1
+            state.tool_counts[event.tool] = state.tool_counts.get(event.tool, 0) + 1
         case ev.CallDispatched():
             rec = _record(state, event.execution_id)
             _check_call(state, rec, event, event.attempt)
