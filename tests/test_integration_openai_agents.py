@@ -93,21 +93,29 @@ def intent_before_dispatch(events: list[Any]) -> None:
 
 # --- 1. an unmodified agent, to its end --------------------------------------------------------
 
-def calculator(log: list[Any]) -> tuple[Any, Callable[[], list[Reply]]]:
+def calculator(log: list[Any], journal: list[bl.Runner] | None = None,
+               ) -> tuple[Any, Callable[[], list[Reply]]]:
+    """Two SDK tools logging each real effect; with ``journal`` (a runner, once there is
+    one), each also logs what the journal holds of its call at the moment of its effect."""
+
+    def effect(*entry: Any) -> None:
+        call = current_call()
+        log.append((*entry, call.idempotency_key if call else None,
+                    call.call_id if call else None))
+        if journal and call is not None:
+            log.append([type(e).__name__ for e in journal[0].journal.events(call.run_id)
+                        if getattr(e, "execution_id", None) == call.execution_id])
+
     @agents.function_tool
     def add(x: int, y: int) -> int:
         """Add two whole numbers."""
-        call = current_call()
-        log.append(("add", x, y, call.idempotency_key if call else None,
-                    call.call_id if call else None))
+        effect("add", x, y)
         return x + y
 
     @agents.function_tool
     async def describe(n: int) -> dict[str, Any]:
         """Describe a number."""
-        call = current_call()
-        log.append(("describe", n, None, call.idempotency_key if call else None,
-                    call.call_id if call else None))
+        effect("describe", n, None)
         return {"n": n, "even": n % 2 == 0}
 
     def script() -> list[Reply]:
@@ -132,14 +140,20 @@ def test_an_unmodified_agent_runs_to_final_with_boundloop_deciding_every_call(
         "add 1+2 and 3+4, describe 10", run_config=agents.RunConfig(tracing_disabled=True)))
 
     log: list[Any] = []
-    tools, script = calculator(log)
+    journal: list[bl.Runner] = []
+    tools, script = calculator(log, journal)
     model = FakeModel(script())
     sdk_agent = agents.Agent(name="calc", instructions="Add.", tools=tools, model=model)
     bound = BoundloopAgent(sdk_agent, budget=bl.Budget(max_parallel=2))
     assert bound.name == "calc"
     with bl.Runner(tmp_path / "j") as runner:
+        journal.append(runner)
         out = bound.run(runner, "add 1+2 and 3+4, describe 10")
         events = events_of(runner, out.run_id)
+    # At each tool's effect, the journal already held its intent, then its dispatch.
+    held = [entry for entry in log if isinstance(entry, list)]
+    log = [entry for entry in log if isinstance(entry, tuple)]
+    assert held == [["CallDecided", "CallDispatched"]] * 3
 
     # The same answer as the SDK alone, from the same model.
     assert out.status == "final" and out.output == native.final_output == "3, 7, and 10 is even"
@@ -171,33 +185,6 @@ def test_an_unmodified_agent_runs_to_final_with_boundloop_deciding_every_call(
     assert kinds[:2] == ["user", "assistant"] and out.result.transcript[1].text == "Let me add."
     results = {m.id: m.content for m in out.result.transcript if m.kind == "tool_result"}
     assert results == {"call_a": "3", "call_b": "7", "call_c": "{'n': 10, 'even': True}"}
-
-
-def test_the_effect_follows_its_durable_intent(tmp_path: Path) -> None:
-    """When the tool's effect happens, the journal already holds the call's intent and its
-    dispatch: read from inside the tool."""
-    seen: list[list[str]] = []
-    journal_path = tmp_path / "j"
-    runner_box: list[bl.Runner] = []
-
-    @agents.function_tool
-    def act(what: str) -> str:
-        """Do something."""
-        call = current_call()
-        assert call is not None
-        names = [type(e).__name__ for e in runner_box[0].journal.events(call.run_id)
-                 if getattr(e, "execution_id", None) == call.execution_id]
-        seen.append(names)
-        return "done"
-
-    model = FakeModel([[function_call("act", {"what": "x"}, call_id="c1")],
-                       [assistant_message("ok")]])
-    bound = BoundloopAgent(agents.Agent(name="actor", tools=[act], model=model))
-    with bl.Runner(journal_path) as runner:
-        runner_box.append(runner)
-        out = bound.run(runner, "go")
-    assert out.status == "final" and out.output == "ok"
-    assert seen == [["CallDecided", "CallDispatched"]]
 
 
 # --- 2. budgets stop it ------------------------------------------------------------------------

@@ -268,7 +268,7 @@ class BoundloopAgent(Guest):
         return sdk.clone(**agent_changes), run_config
 
     # -- the response ----------------------------------------------------------------------
-    def convert(self, response: ModelResponse, model_name: str | None) -> Any:
+    def _convert(self, response: ModelResponse, model_name: str | None) -> Any:
         """The SDK's model response as a boundloop response: ``bl.CallTools`` when it
         calls function tools, else ``bl.Final`` (which the SDK then accepts or refuses)."""
         texts: list[str] = []
@@ -344,7 +344,7 @@ def _wrappers() -> tuple[type[Any], type[Any]]:
                     conversation_id=conversation_id, prompt=prompt)
 
             return await self.turn.request(
-                send, lambda response: self.guest.convert(response, self.model_name),
+                send, lambda response: self.guest._convert(response, self.model_name),
                 retry_reason=_retry_reason(output_schema))
 
         async def stream_response(self, system_instructions: str | None,
