@@ -5,7 +5,8 @@ imports ``agents``; importing this module without it raises ``bl.ConfigError`` n
 extra.
 
 ```python
-from agents import Agent, function_tool
+import boundloop as bl
+from agents import Agent
 from boundloop.integrations.openai_agents import BoundloopAgent
 
 bound = BoundloopAgent(Agent(name="support", instructions="...", tools=[lookup, refund]),
@@ -21,7 +22,7 @@ How it runs: boundloop drives the run. Each model step starts the SDK afresh
 (its public ``agents.Model`` / ``agents.ModelProvider`` extension points) so that exactly one
 real request is made. A response with function calls becomes ``bl.CallTools`` and the SDK is
 stopped there (it never runs a tool); boundloop then decides, journals and dispatches each
-call, whose handler runs the SDK tool's own ``on_invoke_tool`` with an ``agents.ToolContext``
+call, whose handler runs the SDK tool's own ``on_invoke_tool`` with the SDK's ``ToolContext``
 built for it. A response without function calls goes back to the SDK, which finishes
 (its ``final_output``, validated against ``output_type``, is ``GuestResult.output`` and the
 run's final text) or refuses it (a malformed response, with the SDK's reason).
