@@ -197,6 +197,7 @@ MODULE_ALL: dict[str, set[str]] = {
     "boundloop.integrations": {"Guest", "GuestResult", "GuestTool", "OneRequest", "current_call",
                                "render_output"},
     "boundloop.integrations.pydantic_ai": {"BoundloopAgent"},
+    "boundloop.integrations.openai_agents": {"BoundloopAgent", "to_input_items"},
     "boundloop.tools": {"ApprovalRule", "ArgumentError", "RetryPolicy", "Tool", "ToolContext",
                         "ToolLike", "tool"},
 }
