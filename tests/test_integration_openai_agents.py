@@ -759,3 +759,32 @@ def test_arguments_that_are_not_json_make_the_response_malformed(tmp_path: Path)
     assert out.status == "malformed_response" and log == []
     assert "add" in out.result.explanation and out.result.tool_calls == 0
     assert not [e for e in events if isinstance(e, ev.CallDecided)]
+
+
+def test_steps_are_priced_by_the_catalogue_for_the_model_the_sdk_names(tmp_path: Path) -> None:
+    """price="auto" on the agent (or on the Runner) prices each step by the catalogue, for
+    the model name the step's request went to; the cost equals the catalogue's figures."""
+    genai_prices = pytest.importorskip("genai_prices")
+
+    class Named(FakeModel):
+        model = "gpt-4.1"
+
+    def agent_priced(price: Any) -> BoundloopAgent:
+        agent = agents.Agent(name="priced", model=Named([[assistant_message("hi")]]))
+        return BoundloopAgent(agent, price=price, budget=bl.Budget(max_cost=1.0))
+
+    with bl.Runner(tmp_path / "j") as runner:
+        own = agent_priced("auto").run(runner, "hi")
+    with bl.Runner(tmp_path / "k", price="auto") as runner:
+        by_runner = agent_priced(None).run(runner, "hi")
+    # By hand: 100 input tokens of which 40 read from the cache and 10 written to it.
+    quote = genai_prices.calc_price(genai_prices.Usage(input_tokens=100, output_tokens=7,
+                                                       cache_read_tokens=40,
+                                                       cache_write_tokens=10),
+                                    model_ref="gpt-4.1", provider_id="openai")
+    assert own.status == by_runner.status == "final"
+    assert own.result.usage.unpriced_steps == 0
+    assert own.result.usage.cost == pytest.approx(float(quote.total_price))
+    assert by_runner.result.usage.cost == pytest.approx(float(quote.total_price))
+    with pytest.raises(bl.ConfigError, match="auto"):
+        BoundloopAgent(agents.Agent(name="x", model=Named([])), price="cheap")

@@ -686,13 +686,19 @@ def test_steps_are_priced_by_a_table_or_by_the_runners_catalogue(tmp_path: Path)
         out = BoundloopAgent(agent, price=table,
                              budget=bl.Budget(max_cost=1.0)).run(runner, "hi")
     assert out.status == "final" and out.result.usage.cost == pytest.approx(0.0028)
-    with pytest.raises(bl.ConfigError, match="Runner"):
-        BoundloopAgent(agent, price="auto")  # type: ignore[arg-type]
+    with pytest.raises(bl.ConfigError, match="auto"):
+        BoundloopAgent(agent, price="cheap")  # type: ignore[arg-type]
     pytest.importorskip("genai_prices")
     with bl.Runner(tmp_path / "k", price="auto") as runner:
         auto = BoundloopAgent(agent).run(runner, "hi")
     assert auto.status == "final" and auto.result.usage.cost is not None
     assert auto.result.usage.cost > 0
+    # The agent's own price="auto" prices its steps as the Runner's does.
+    with bl.Runner(tmp_path / "l") as runner:
+        own = BoundloopAgent(agent, price="auto", budget=bl.Budget(max_cost=1.0)).run(
+            runner, "hi")
+    assert own.status == "final" and own.result.usage.cost == auto.result.usage.cost
+    assert own.result.usage.unpriced_steps == 0
 
 
 def test_a_tool_that_requires_approval_waits_for_a_person(tmp_path: Path) -> None:

@@ -263,14 +263,11 @@ class Guest(abc.ABC):
         """This agent as a ``bl.Agent`` (its model is ``step``; its tools the framework's)."""
         with self._lock:
             if self._agent is None:
-                self._agent = Agent(self.name, model=self._model, tools=self._tools(),
+                self._agent = Agent(self.name, model=_GuestModel(self), tools=self._tools(),
                                     budget=self.budget, version=self.version,
                                     permit=self.permit, max_running=self.max_running,
                                     max_queued=self.max_queued)
             return self._agent
-
-    async def _model(self, history: list[Any], ctx: Any) -> Any:
-        return await self.step(history, ctx)
 
     def _tools(self) -> list[Tool]:
         tools = list(self.guest_tools())
@@ -343,6 +340,26 @@ class Guest(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r}>"
+
+
+class _GuestModel:
+    """A guest's ``step`` as the run's model callable, showing the guest's ``price`` the way
+    a provider adapter does (so an agent's ``price="auto"`` prices its steps by the
+    catalogue, for the model each response reports)."""
+
+    def __init__(self, guest: Guest) -> None:
+        self._guest = guest
+
+    @property
+    def price(self) -> Any:
+        """The guest's ``price`` (a ``bl.Price``, ``"auto"`` or None)."""
+        return getattr(self._guest, "price", None)
+
+    async def __call__(self, history: list[Any], ctx: Any) -> Any:
+        return await self._guest.step(history, ctx)
+
+    def __repr__(self) -> str:
+        return f"<step of {self._guest!r}>"
 
 
 def _as_tool(tool: GuestTool, options: Mapping[str, Any]) -> Tool:

@@ -49,8 +49,8 @@ What is mapped, and what is refused (``bl.ConfigError`` when the ``BoundloopAgen
   (``ModelSettings.retry``) are turned off: one step is one request.
 - usage: ``bl.Usage`` with ``input_tokens`` the input neither read from nor written to a
   cache (SPEC 7), ``cache_read_tokens`` the SDK's ``cached_tokens`` and
-  ``cache_write_tokens`` its ``cache_write_tokens``; ``price`` (a ``bl.Price``) gives each
-  step its cost.
+  ``cache_write_tokens`` its ``cache_write_tokens``; ``price`` (a ``bl.Price``, or
+  ``"auto"`` for the genai-prices catalogue) gives each step its cost.
 """
 
 from __future__ import annotations
@@ -77,7 +77,8 @@ from boundloop.models._common import (
     response_info,
     result_text,
 )
-from boundloop.policy.budget import Budget, Price, Usage
+from boundloop.policy.budget import Budget, Usage
+from boundloop.pricing import PriceOption, check_price
 
 if TYPE_CHECKING:
     import agents
@@ -128,7 +129,8 @@ class BoundloopAgent(Guest):
             ...); they override what the SDK tool declares.
         run_config: an ``agents.RunConfig`` for each step (model provider, model settings,
             hooks, ...); its model is wrapped as the agent's is.
-        price: each step's usage is priced with it (``bl.Usage.cost``).
+        price: each step's usage is priced with it (``bl.Usage.cost``); ``"auto"``: by the
+            genai-prices catalogue, for the model each response reports.
         sdk_tracing: keep the SDK's own tracing (off by default: nothing is exported).
         permit: ``(call, tool, ctx) -> True | False | reason`` per call.
         max_running: as ``bl.Agent``'s.
@@ -141,7 +143,7 @@ class BoundloopAgent(Guest):
     def __init__(self, agent: agents.Agent[Any], *, name: str | None = None,
                  budget: Budget | None = None, version: str = "", context: Any = None,
                  tool_options: Mapping[str, Mapping[str, Any]] | None = None,
-                 run_config: agents.RunConfig | None = None, price: Price | None = None,
+                 run_config: agents.RunConfig | None = None, price: PriceOption = None,
                  sdk_tracing: bool = False, permit: Callable[..., Any] | None = None,
                  max_running: int | None = None, max_queued: int = 100_000) -> None:
         require_sdk("agents", _EXTRA, what=_WHAT)
@@ -151,8 +153,7 @@ class BoundloopAgent(Guest):
             raise ConfigError(f"BoundloopAgent takes an agents.Agent, got {agent!r}")
         if run_config is not None and not isinstance(run_config, agents.RunConfig):
             raise ConfigError(f"run_config must be an agents.RunConfig, got {run_config!r}")
-        if price is not None and not isinstance(price, Price):
-            raise ConfigError(f"price must be a bl.Price or None, got {price!r}")
+        price = check_price(price, "BoundloopAgent")
         user_options = {str(k): dict(v) for k, v in (tool_options or {}).items()}
         self.function_tools = _function_tools(agent, user_options)
         options: dict[str, dict[str, Any]] = {}

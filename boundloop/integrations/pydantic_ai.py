@@ -53,7 +53,8 @@ from boundloop.models._common import (
     response_info,
     result_text,
 )
-from boundloop.policy.budget import Budget, Price, Usage
+from boundloop.policy.budget import Budget, Usage
+from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import ToolContext
 
 from ._guest import Guest, GuestTool, OneRequest
@@ -119,9 +120,9 @@ class BoundloopAgent(Guest):
             give the model here.
         model_settings: Pydantic AI model settings for every request (merged over the
             agent's own, as ``Agent.run`` does).
-        price: a ``bl.Price`` to compute each step's cost (for ``max_cost``). For the
-            genai-prices catalogue, give the Runner ``price="auto"``: each step is priced
-            by the model name its response reports.
+        price: a ``bl.Price`` to compute each step's cost (for ``max_cost``), or
+            ``"auto"``: the genai-prices catalogue prices each step by the model name its
+            response reports (as ``Runner(price="auto")`` does for every run).
         tool_options: per tool name, options of ``bl.Tool.from_schema`` (``idempotent``,
             ``irreversible``, ``reconcile``, ``timeout_s``, ``retry``, ``needs_approval``,
             ``read_only``, ``sensitive``). A tool made with ``requires_approval=True``
@@ -140,7 +141,7 @@ class BoundloopAgent(Guest):
                  budget: Budget | None = None, version: str = "", deps: Any = None,
                  deps_factory: Callable[[str], Any] | None = None,
                  model: Model | str | None = None,
-                 model_settings: ModelSettings | None = None, price: Price | None = None,
+                 model_settings: ModelSettings | None = None, price: PriceOption = None,
                  tool_options: Mapping[str, Mapping[str, Any]] | None = None,
                  permit: Callable[..., Any] | None = None, max_running: int | None = None,
                  max_queued: int = 100_000) -> None:
@@ -153,11 +154,7 @@ class BoundloopAgent(Guest):
                               "pydantic_ai.Agent with name=...")
         if deps is not None and deps_factory is not None:
             raise ConfigError("BoundloopAgent takes deps or deps_factory, not both")
-        if price is not None and not isinstance(price, Price):
-            raise ConfigError(
-                f"BoundloopAgent: price must be a bl.Price or None, got {price!r} (for the "
-                'genai-prices catalogue, give the Runner price="auto": it prices each step '
-                "by the model name the response reports)")
+        price = check_price(price, "BoundloopAgent")
         super().__init__(name, budget=budget, version=version, tool_options=tool_options,
                          permit=permit, max_running=max_running, max_queued=max_queued)
         self.pydantic_agent = agent
