@@ -128,7 +128,9 @@ class BoundloopAgent(Guest):
             ``read_only``, ``sensitive``). A tool made with ``requires_approval=True``
             needs a person's approval (SPEC 14) unless ``needs_approval`` says otherwise;
             a tool's own ``timeout`` is its default ``timeout_s``.
-        permit, max_running, max_queued: as ``bl.Agent``'s.
+        permit: ``(call, tool, ctx) -> True | False | reason`` per call, as ``bl.Agent``'s.
+        max_running: as ``bl.Agent``'s.
+        max_queued: as ``bl.Agent``'s.
 
     Raises:
         ConfigError: no name; ``deps`` and ``deps_factory`` both given; the agent has a
