@@ -1,4 +1,4 @@
-"""Small text helpers shared by the inspection functions, the figures and the command line."""
+"""Small text helpers shared by boundloop.ops, the figures and the command line."""
 
 from __future__ import annotations
 

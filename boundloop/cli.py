@@ -1,7 +1,7 @@
 """The ``boundloop`` command: a thin layer over the library (SPEC 10).
 
 Every command reads the journal from ``--journal DIR``, else ``$BOUNDLOOP_JOURNAL``, else
-``./.boundloop``. The work is done by :mod:`boundloop.inspection` (and the Runner); this module
+``./.boundloop``. The work is done by :mod:`boundloop.ops` (and the Runner); this module
 only parses arguments and prints. ``click`` and ``rich`` are imported here, never by
 ``import boundloop``.
 """
@@ -51,7 +51,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def journal_dir(value: str | None) -> str:
     """``--journal`` (the command's, else the group's), else ``$BOUNDLOOP_JOURNAL``, else
     ``./.boundloop``."""
-    from boundloop.inspection import journal_dir as resolve
+    from boundloop.ops import journal_dir as resolve
 
     if value is None:
         ctx = click.get_current_context(silent=True)
@@ -90,7 +90,7 @@ class Duration(_ParamType):
                 ctx: click.Context | None) -> float:
         if isinstance(value, int | float):
             return float(value)
-        from boundloop.inspection import parse_duration
+        from boundloop.ops import parse_duration
 
         try:
             return parse_duration(str(value))
@@ -519,7 +519,7 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
     Ids are never cut: at a narrow width other columns are cut or hidden first (--json has
     them all). "took" is the run's time; for a running run, its age (now minus its start).
     Costs are plain decimals ($0.000033)."""
-    from boundloop.inspection import DAMAGED, LIMITS, STATUSES, find_runs, open_journal
+    from boundloop.ops import DAMAGED, LIMITS, STATUSES, find_runs, open_journal
 
     wanted: dict[str, str] = {}
     for item in labels:
@@ -651,7 +651,7 @@ def show(journal: str | None, as_json: bool, run_id: str) -> None:
     completed and unresolved actions. RUN_ID may be a unique prefix of the id. Events are
     named by their class (CallDecided), as `boundloop export` names them; costs are plain
     decimals ($0.000033); a running run's elapsed is its age."""
-    from boundloop.inspection import open_journal, run_timeline
+    from boundloop.ops import open_journal, run_timeline
 
     with open_journal(journal_dir(journal), readonly=True) as j:
         tl = run_timeline(j, run_id)
@@ -764,7 +764,7 @@ def replay(journal: str | None, as_json: bool, run_id: str | None, events_file: 
     RUN_ID may be a unique prefix of the id."""
     import msgspec
 
-    from boundloop.inspection import (
+    from boundloop.ops import (
         OPEN_EXPLANATIONS,
         check,
         load_events,
@@ -879,8 +879,8 @@ def prune(journal: str | None, as_json: bool, older_than: float, dry_run: bool,
           verbose: bool) -> None:
     """Remove finished runs older than AGE (retention) and print a summary. Open runs and
     runs recovery still needs are kept. `boundloop compact` then gives the space back."""
-    from boundloop.inspection import open_journal
-    from boundloop.inspection import prune as do_prune
+    from boundloop.ops import open_journal
+    from boundloop.ops import prune as do_prune
 
     out = _Out()
     with open_journal(journal_dir(journal), readonly=dry_run) as j, \
@@ -916,7 +916,7 @@ def verify(journal: str | None, as_json: bool, run_ids: tuple[str, ...]) -> None
     one): one line per run with its id, its chain head in hex (keep it to prove the run
     unchanged later) and ok or what is damaged, then a summary line (verified N runs: D
     damaged, K ok). Exits 1 if any run is damaged. Read-only."""
-    from boundloop.inspection import key_file_warning, verify_journal
+    from boundloop.ops import key_file_warning, verify_journal
 
     where = journal_dir(journal)
     warning = key_file_warning(where)
@@ -951,7 +951,7 @@ def compact(journal: str | None, as_json: bool) -> None:
     """Rewrite the journal to reclaim the space of pruned runs (LMDB files never shrink by
     themselves). Crash-safe: the old journal stays whole until the new one replaces it.
     Refused while a runner or any other process has the journal open."""
-    from boundloop.inspection import compact as do_compact
+    from boundloop.ops import compact as do_compact
 
     where = journal_dir(journal)
     if "://" in where:
@@ -984,7 +984,7 @@ def export(journal: str | None, run_id: str, strip_content: bool, output: str | 
     """Print a run's events as JSON lines, redacted, to attach to a bug report
     (`boundloop replay --events FILE` reads them back). RUN_ID may be a unique prefix of the
     id. Each line's "type" is the event's class name (CallDecided), as `show` names it."""
-    from boundloop.inspection import export_lines, open_journal, read_events, resolve_run_id
+    from boundloop.ops import export_lines, open_journal, read_events, resolve_run_id
 
     with open_journal(journal_dir(journal), readonly=True) as j:
         lines = list(export_lines(read_events(j, resolve_run_id(j, run_id)), j.secret_key,
@@ -1021,7 +1021,7 @@ OUTCOMES = ["succeeded", "failed", "abandoned"]
 
 def _runner(journal: str | None) -> Any:
     """A Runner on an existing journal (never creates one), and the journal to close."""
-    from boundloop.inspection import open_journal
+    from boundloop.ops import open_journal
     from boundloop.runner import Runner
 
     j = open_journal(journal_dir(journal))
@@ -1030,7 +1030,7 @@ def _runner(journal: str | None) -> Any:
 
 def _ids(j: Any, run_id: str, execution_id: str) -> tuple[str, str]:
     """The full run and execution ids that the (possibly shortened) ids given name."""
-    from boundloop.inspection import resolve_execution_id, resolve_run_id
+    from boundloop.ops import resolve_execution_id, resolve_run_id
 
     run_id = resolve_run_id(j, run_id)
     return run_id, resolve_execution_id(j, run_id, execution_id)
@@ -1062,7 +1062,7 @@ def recover(journal: str | None, as_json: bool, claim: bool, dry_run: bool) -> N
             runner.close()
             j.close()
     else:
-        from boundloop.inspection import open_journal, recoverable
+        from boundloop.ops import open_journal, recoverable
 
         with open_journal(journal_dir(journal), readonly=True) as j:
             found = recoverable(j, damaged)
@@ -1379,7 +1379,7 @@ def stats(journal: str | None, as_json: bool, since: float | None, by: str | Non
     """The telemetry's figures computed from the journal alone (SPEC 11): runs by status,
     limit hits, unknown outcomes, retries, reconciliations, reviews, tokens by kind, cost per
     finished run, run duration and model and tool latency."""
-    from boundloop.inspection import open_journal
+    from boundloop.ops import open_journal
     from boundloop.stats import from_journal
 
     with open_journal(journal_dir(journal), readonly=True) as j:

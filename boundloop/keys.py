@@ -49,7 +49,7 @@ older versions wrote) and not all zero; anything else (a fresh or empty journal 
 with such a file in it, a file someone else could have planted, an all-zero key) is never
 used, and the journal gets a new random key instead. The file itself is left where it is:
 anyone with a copy of the directory can use it to confirm guesses, so ``boundloop verify``
-warns about it (``boundloop.inspection.key_file_warning``; a warning, it does not change the
+warns about it (``boundloop.ops.key_file_warning``; a warning, it does not change the
 exit status) until it is moved out (the state directory already holds a copy).
 
 **Read-only opens** (``boundloop show``, ``export``...) create and write nothing: ``find``

@@ -305,7 +305,7 @@ def test_help_and_demo_still_work(journal: dict[str, Any]) -> None:
 
 
 def test_import_boundloop_stays_light() -> None:
-    code = ("import boundloop, boundloop.inspection, sys; "
+    code = ("import boundloop, boundloop.ops, sys; "
             "assert 'rich' not in sys.modules and 'click' not in sys.modules, "
             "sorted(m for m in sys.modules if m.split('.')[0] in ('rich', 'click'))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -265,7 +265,7 @@ def test_small_commands_start_quickly() -> None:
                              capture_output=True, text=True, timeout=60)
     loaded = {line.split("|")[-1].strip() for line in listing.stderr.splitlines()
               if line.startswith("import time:")}
-    assert listing.returncode == 4 and "boundloop.inspection" in loaded, listing.stderr[-2000:]
+    assert listing.returncode == 4 and "boundloop.ops" in loaded, listing.stderr[-2000:]
     for heavy in ("boundloop.runner", "boundloop.mcp", "asyncio", "opentelemetry", "psycopg",
                   "boundloop.telemetry"):
         assert heavy not in loaded, heavy
@@ -283,7 +283,7 @@ def echo(n: int) -> str:
 
 def test_execution_id_prefixes(tmp_path: Path) -> None:
     from boundloop.errors import AmbiguousId
-    from boundloop.inspection import open_journal, resolve_execution_id, resolve_run_id
+    from boundloop.ops import open_journal, resolve_execution_id, resolve_run_id
 
     calls = [bl.ToolCall(f"c{i}", "echo", {"n": i}) for i in range(11)]
     with bl.Runner(tmp_path / "j") as runner:

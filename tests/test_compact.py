@@ -17,7 +17,7 @@ import pytest
 
 import boundloop as bl
 from boundloop import events as ev
-from boundloop import inspection as bi
+from boundloop import ops as bi
 from boundloop import owners
 from boundloop.journal.lmdb import COMPACT_PAUSE_ENV, LmdbJournal
 

@@ -1,4 +1,4 @@
-"""boundloop.inspection: golden journals replay and check with the current code; the check
+"""boundloop.ops: golden journals replay and check with the current code; the check
 catches changed policies; listing, timeline, prune and export on journals of real runs."""
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import pytest
 
 import boundloop as bl
 from boundloop import events as ev
-from boundloop import inspection as bi
+from boundloop import ops as bi
 from boundloop.journal import codec
+from boundloop.ops._events import _scrub
 from boundloop.testing import FaultyJournal
 
 GOLDEN = Path(__file__).with_name("golden")
@@ -369,5 +370,5 @@ def test_export_is_redacted_and_reads_back(journal: Path) -> None:
     one = list(bi.export_lines([admitted, leaky], key))
     assert "hmac" not in one[0]
     raw = {"type": "notice.added", "run_id": "x", "text": "t", "password": "hunter2"}
-    scrubbed = bi._scrub(raw, key, False)
+    scrubbed = _scrub(raw, key, False)
     assert scrubbed["password"].startswith("hmac-sha256:") and scrubbed["text"] == "t"

@@ -162,7 +162,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
 def test_the_graph_sees_package_inits_and_type_only_imports() -> None:
     graph = import_graph()
     # importing journal.base from outside runs journal/__init__ (-> lmdb -> ...) first
-    assert {"boundloop.journal", "boundloop.journal.base"} <= graph["boundloop.inspection"]
+    assert {"boundloop.journal", "boundloop.journal.base"} <= graph["boundloop.ops._open"]
     assert "boundloop.journal" not in graph["boundloop.journal.lmdb"]  # its own package
     assert "boundloop.events" in graph["boundloop.policy.replay"]  # from boundloop import events
     assert "boundloop.tools" in graph["boundloop.models._common"]  # under TYPE_CHECKING
@@ -178,3 +178,17 @@ def test_recovered_run_annotations_resolve() -> None:
     annotation named nothing at run time."""
     hints = typing.get_type_hints(bl.RecoveredRun)
     assert hints["state"] is bl.RunState
+
+
+# -- module size ----------------------------------------------------------------------------
+#: Packages split by job (issue #21): each module does one job and stays small.
+SPLIT_PACKAGES = ("ops", "cli", "drill")
+MAX_LINES = 600
+
+
+def test_the_split_packages_keep_their_modules_small() -> None:
+    big = {str(p.relative_to(ROOT)): n
+           for package in SPLIT_PACKAGES if (PACKAGE / package).is_dir()
+           for p in sorted((PACKAGE / package).rglob("*.py"))
+           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"modules over {MAX_LINES} lines: split them by job: {big}"

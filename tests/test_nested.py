@@ -152,7 +152,7 @@ def test_child_deadline_is_what_the_parent_has_left(journal_dir: Any) -> None:
 
 
 def test_replay_check_covers_a_child_run(runner: bl.Runner) -> None:
-    from boundloop.inspection import check
+    from boundloop.ops import check
 
     @bl.tool
     def ping() -> str:

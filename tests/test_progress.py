@@ -11,7 +11,7 @@ import pytest
 from rich.console import Console
 
 import boundloop as bl
-from boundloop import cli, inspection
+from boundloop import cli, ops
 from boundloop.journal.lmdb import LmdbJournal
 
 
@@ -25,7 +25,7 @@ def journal_with(path: Path, runs: int) -> list[str]:
 def test_verify_tells_each_run_checked(tmp_path: Path) -> None:
     ids = journal_with(tmp_path / "j", 12)
     told: list[tuple[int, int | None]] = []
-    reports = inspection.verify_journal(tmp_path / "j", progress=lambda d, t: told.append((d, t)))
+    reports = ops.verify_journal(tmp_path / "j", progress=lambda d, t: told.append((d, t)))
     assert sorted(r.run_id for r in reports if r.run_id in ids) == ids
     assert all(r.ok for r in reports)
     checked = [d for d, t in told if t == len(ids)]
@@ -36,7 +36,7 @@ def test_prune_tells_runs_removed(tmp_path: Path) -> None:
     ids = journal_with(tmp_path / "j", 300)
     told: list[tuple[int, int | None]] = []
     with LmdbJournal(tmp_path / "j") as j:
-        report = inspection.prune(j, 0, now=time.time() + 10,
+        report = ops.prune(j, 0, now=time.time() + 10,
                                progress=lambda d, t: told.append((d, t)))
         assert list(j.runs()) == []
     assert sorted(report.pruned) == ids
@@ -46,7 +46,7 @@ def test_prune_tells_runs_removed(tmp_path: Path) -> None:
 def test_compact_tells_records_copied(tmp_path: Path) -> None:
     journal_with(tmp_path / "j", 5)
     told: list[tuple[int, int | None]] = []
-    report = inspection.compact(tmp_path / "j", progress=lambda d, t: told.append((d, t)))
+    report = ops.compact(tmp_path / "j", progress=lambda d, t: told.append((d, t)))
     assert report.after > 0
     totals = {t for _, t in told}
     assert len(totals) == 1 and told[-1][0] == totals.pop()  # every record, of one total

@@ -161,7 +161,7 @@ MODULE_ALL: dict[str, set[str]] = {
         "AdmissionError", "BoundloopError", "ConfigError", "JournalCorrupt", "JournalError",
         "JournalUnavailable", "LeaseLost", "RecoveryError", "RunnerClosed", "SequenceConflict",
         "UnknownRun", "ApprovalError"},
-    "boundloop.inspection": {
+    "boundloop.ops": {
         "ChainReport", "CheckReport", "CompactReport", "Divergence", "LIMITS", "PruneReport",
         "Rebuilt", "RecordedModelError", "RunList", "RunSummary", "STATUSES", "Timeline",
         "TimelineRow", "check", "compact", "describe", "event_name", "event_type",
@@ -169,7 +169,8 @@ MODULE_ALL: dict[str, set[str]] = {
         "load_events", "open_journal", "owner_alive", "parse_duration", "prune",
         "read_events", "rebuild", "recorded_budget", "recoverable", "run_children",
         "run_timeline", "state_word", "timeline", "verify_chains", "verify_journal",
-        "AwaitingCall", "waiting_note"},
+        "AwaitingCall", "waiting_note", "DAMAGED", "OPEN_EXPLANATIONS", "resolve_run_id",
+        "resolve_execution_id"},
     "boundloop.journal": {"Journal", "LmdbJournal", "OwnerRecord", "RunInfo"},
     "boundloop.journal.base": {
         "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
@@ -205,7 +206,7 @@ MODULE_ALL: dict[str, set[str]] = {
 #: Modules a user imports by name (README, SPEC): each must say what it exports.
 MUST_HAVE_ALL = {
     "boundloop", "boundloop.cancel", "boundloop.clock", "boundloop.context", "boundloop.errors",
-    "boundloop.inspection", "boundloop.journal", "boundloop.journal.base", "boundloop.mcp",
+    "boundloop.ops", "boundloop.journal", "boundloop.journal.base", "boundloop.mcp",
     "boundloop.messages", "boundloop.models", "boundloop.models.anthropic",
     "boundloop.models.openai", "boundloop.models.scripted", "boundloop.recovery",
     "boundloop.results", "boundloop.testing", "boundloop.tools"}

@@ -106,7 +106,7 @@ def test_an_os_error_is_a_journal_problem_not_an_internal_error(
     def refuse(*args: object, **kwargs: object) -> object:
         raise PermissionError(13, "Permission denied", "/srv/journal/data.mdb")
 
-    monkeypatch.setattr("boundloop.inspection.open_journal", refuse)
+    monkeypatch.setattr("boundloop.ops.open_journal", refuse)
     with pytest.raises(SystemExit) as exited:
         cli.main(["--journal", "/srv/journal", "runs"])
     assert exited.value.code == 4

@@ -199,7 +199,7 @@ def boundloop(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_golden_histories_project_and_count() -> None:
     """Recorded journals of older versions: the projection reads them (spans and stats)."""
-    from boundloop import inspection as bi
+    from boundloop import ops as bi
 
     golden = Path(__file__).with_name("golden")
     runs = [(p.stem, bi.load_events(p)) for p in sorted(golden.glob("*.msgpack"))]

@@ -22,7 +22,7 @@ import pytest
 
 import boundloop as bl
 from boundloop import events as ev
-from boundloop.inspection import open_journal
+from boundloop.ops import open_journal
 
 sys.path.insert(0, str(Path(__file__).parent))
 from queue_worker import effects, fleet_agents  # noqa: E402

@@ -16,7 +16,7 @@ msgspec error escapes raw. A journal of format 1 (before the chain) is refused w
 do, not read unchecked. Before LMDB maps ``data.mdb``, the file is checked against LMDB's own
 meta pages (``check_data_file``), so a truncated file is an error, never a SIGBUS; LMDB has
 no checksums of its own B-tree pages, though, so damage inside them can still crash it
-(``inspection.verify_journal`` reads in a child process for that reason). Before each write
+(``ops.verify_journal`` reads in a child process for that reason). Before each write
 transaction, ``lock.mdb`` must still be the file the environment opened: once it was removed
 or replaced, this journal writes nothing more (writers would no longer exclude each other).
 """

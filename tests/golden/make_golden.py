@@ -26,7 +26,7 @@ from typing import Any
 import msgspec
 
 import boundloop as bl
-from boundloop import inspection as bi
+from boundloop import ops as bi
 from boundloop.journal import codec
 
 HERE = Path(__file__).resolve().parent
