@@ -1341,7 +1341,7 @@ def drill(runs: int, kills: int, seed: int, workers: int, pause: bool, lease_s: 
     report: DrillReport
     with _progress(_Out(), "drill (faults injected)") as bar:
         if queue:
-            from boundloop.drill_queue import run_queue_drill
+            from boundloop.drill import run_queue_drill
 
             report = run_queue_drill(base, runs, kills, seed, workers,
                                      out=(lambda s: None) if as_json else bar.echo,

@@ -95,7 +95,8 @@ def test_the_downstream_honours_the_fencing_token(tmp_path: Path) -> None:
 
 
 def test_only_time_in_which_another_worker_could_claim_counts_as_unowned() -> None:
-    from boundloop.drill import _able_time, _Life
+    from boundloop.drill._invariants import _able_time
+    from boundloop.drill._processes import _Life
 
     def life(owner: str, ready: float, killed: float = 0.0,
              pauses: list[list[float]] | None = None) -> _Life:
@@ -188,7 +189,9 @@ def test_a_worker_that_woke_and_left_is_counted_as_gone_from_when_it_began_leavi
     # within a lease of the worker's last pause, is a takeover after an exit, not after a
     # pause (on one pid namespace a frozen worker is never taken over).
     from boundloop import events as ev
-    from boundloop.drill import DrillReport, _Life, _takeover
+    from boundloop.drill import DrillReport
+    from boundloop.drill._invariants import _takeover
+    from boundloop.drill._processes import _Life
 
     out = tmp_path / "w1.out"
     out.write_text("ready o1 1.0\nidle\nleaving 12.5\nbye 12.9\n")

@@ -24,7 +24,9 @@ psycopg = pytest.importorskip("psycopg", reason="PostgreSQL tests need psycopg 3
 
 from pg_server import PgServer  # noqa: E402
 
-from boundloop.drill import _able_time, _Life, _overlap, can_unshare, pg_restart_argv  # noqa: E402
+from boundloop.drill import can_unshare, pg_restart_argv  # noqa: E402
+from boundloop.drill._invariants import _able_time, _overlap  # noqa: E402
+from boundloop.drill._processes import _Life  # noqa: E402
 
 
 def drill(tmp: Path, *args: str, timeout: float = 150) -> dict[str, Any]:

@@ -16,14 +16,10 @@ from typing import Any
 import pytest
 
 import boundloop as bl
-from boundloop.drill import _append_line, can_unshare
-from boundloop.drill_queue import (
-    APPROVAL_SHARE,
-    QueueDrillReport,
-    _check_queue,
-    decision,
-    queue_plan,
-)
+from boundloop.drill import QueueDrillReport, can_unshare, decision, queue_plan
+from boundloop.drill._queue_drill import _check_queue
+from boundloop.drill._queue_worker import APPROVAL_SHARE
+from boundloop.drill._workload import _append_line
 
 needs_unshare = pytest.mark.skipif(not can_unshare(),
                                    reason="needs root and unshare(1) for pid namespaces")

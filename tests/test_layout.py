@@ -12,6 +12,8 @@ import typing
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 import boundloop as bl
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +38,8 @@ def _env() -> dict[str, str]:
 
 # -- standard-library names ----------------------------------------------------------------
 def test_no_module_or_package_has_a_standard_library_name() -> None:
-    """``python boundloop/drill.py`` puts ``boundloop/`` first on sys.path: a module there
+    """``python boundloop/drill/__main__.py`` puts ``boundloop/drill/`` first on sys.path (as
+    ``python boundloop/drill.py`` put ``boundloop/``, when the drill was one module): a module there
     named like the standard library's (``inspect.py`` was one) replaces it for everything,
     and the script dies on import."""
     clashes = sorted(str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*")
@@ -44,8 +47,10 @@ def test_no_module_or_package_has_a_standard_library_name() -> None:
     assert not clashes, f"these shadow the standard library when run as scripts: {clashes}"
 
 
-def test_the_drill_runs_as_a_script() -> None:
-    done = subprocess.run([sys.executable, str(PACKAGE / "drill.py"), "--help"], cwd=ROOT,
+@pytest.mark.parametrize("how", [[str(PACKAGE / "drill" / "__main__.py")],
+                                 ["-m", "boundloop.drill"]], ids=["script", "module"])
+def test_the_drill_runs_as_a_script(how: list[str]) -> None:
+    done = subprocess.run([sys.executable, *how, "--help"], cwd=ROOT,
                           env=_env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "usage" in done.stdout

@@ -157,6 +157,11 @@ MODULE_ALL: dict[str, set[str]] = {
     "boundloop.cancel": {"CancelToken"},
     "boundloop.clock": {"Clock", "FakeClock"},
     "boundloop.context": {"Model", "ModelContext", "ModelResponse"},
+    "boundloop.drill": {
+        "Downstream", "DrillReport", "Effect", "QueueDrillReport", "StaleAttempt", "can_unshare",
+        "command", "decision", "drill_agent", "drill_model", "drill_tools", "effects",
+        "format_report", "fresh_database", "ledger", "ledger_size", "pg_restart_argv", "plan",
+        "queue_plan", "run_drill", "run_queue_drill", "serve", "settle", "worker"},
     "boundloop.errors": {
         "AdmissionError", "BoundloopError", "ConfigError", "JournalCorrupt", "JournalError",
         "JournalUnavailable", "LeaseLost", "RecoveryError", "RunnerClosed", "SequenceConflict",

@@ -14,8 +14,6 @@ one, every SIGTERMed worker exited 0.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import random
 import signal
@@ -23,180 +21,32 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from boundloop import events as ev
-from boundloop.drill import (
-    DrillReport,
-    _append_line,
-    _check,
+from boundloop.drill._chaos import (
     _counting,
     _fault,
-    _jsonl,
     _kill,
-    _Life,
-    _Lines,
     _next_fault,
     _pause,
-    _popen,
     _prepare,
     _resume,
     _Rig,
-    _TidBlocks,
-    as_pid,
-    drill_model,
-    drill_tools,
-    effects,
-    plan,
     settle,
 )
-from boundloop.results import RunResult
-from boundloop.worker import Worker
+from boundloop.drill._invariants import _check, _jsonl
+from boundloop.drill._processes import _Life, _Lines, _popen, _TidBlocks
+from boundloop.drill._queue_worker import APPROVAL_SHARE, GRACE_S, drill_agent
+from boundloop.drill._report import QueueDrillReport
+from boundloop.drill._workload import effects
 
-#: One run in this many calls ``refund``, which waits for a person's approval.
-APPROVAL_SHARE = 5
 #: The share of the calls waiting for approval that the person approves (seeded per call).
 APPROVE_SHARE = 0.7
-#: A SIGTERMed worker lets its running attempts end within this long (``grace_s``).
-GRACE_S = 3.0
+
 #: How often the person looks for runs that wait for a decision.
 LOOK_S = 0.05
-AGENT = "drill"
-
-
-class QueueDrillReport(DrillReport):
-    """The drill's report (see DrillReport) with the queue's figures.
-
-    ``terms_injected`` counts SIGTERMs (part of ``faults_injected``); ``exits_graceful`` the
-    workers that exited 0 after a SIGTERM (the faults, and the stop of every worker at the
-    end), ``exits_not_graceful`` those that did not (an invariant); ``runs_drained`` the
-    runs a SIGTERMed worker let go open, for others to take over. ``claims_from_queue``
-    counts the claims of queued runs (enqueued, or queued again after a decision), which are
-    no takeovers. ``approvals_asked`` counts calls that waited for a person, ``approvals``
-    and ``denials`` the decisions the journal records (by the person thread, or at the end).
-    ``denied_executed`` counts side effects of denied calls, ``executed_without_approval``
-    side effects of calls needing approval that no approval preceded (both invariants).
-    """
-
-    queue: bool = True
-    terms_injected: int = 0
-    exits_graceful: int = 0
-    exits_not_graceful: int = 0
-    runs_drained: int = 0
-    claims_from_queue: int = 0
-    approvals_asked: int = 0
-    approvals: int = 0
-    denials: int = 0
-    denied_executed: int = 0
-    executed_without_approval: int = 0
-
-    @property
-    def ok(self) -> bool:
-        """True when every invariant held."""
-        return super().ok and not (self.denied_executed or self.executed_without_approval
-                                   or self.exits_not_graceful)
-
-
-# -- what runs inside a worker ------------------------------------------------------------
-def queue_plan(run_id: str, seed: int) -> list[str]:
-    """The drill's plan, with ``refund`` at a seeded step for one run in APPROVAL_SHARE."""
-    order = plan(run_id, seed)
-    rng = random.Random(f"{seed}:{run_id}:approval")
-    if rng.randrange(APPROVAL_SHARE) == 0:
-        order.insert(rng.randrange(len(order) + 1), "refund")
-    return order
-
-
-def drill_agent(ledger_path: Path, seed: int, worker: str = "w") -> Any:
-    """The agent the queue drill's workers serve: the drill's model and tools (``worker``
-    names whoever acts, in the ledger)."""
-    import boundloop as bl
-
-    return bl.Agent(AGENT, model=drill_model(seed, queue_plan, step_ids=True),
-                    tools=drill_tools(ledger_path, worker, approvals=True),
-                    budget=bl.Budget(max_model_steps=30, max_tool_calls=30), version="1")
-
-
-def serve(journal: str, ledger_path: str, seed: int, concurrency: int, *, lease_s: float,
-          name: str, notes: str, compress: bool = False) -> None:
-    """A worker process: ``bl.Worker`` serving the drill agent until SIGTERM. It prints
-    ``ready OWNER TIME`` once it serves (its signal handlers in place), ``leaving TIME`` when
-    told to stop, and ``bye TIME`` once it has let its runs go."""
-    worker = _NotingWorker(journal, [drill_agent(Path(ledger_path), seed, name)],
-                           concurrency=concurrency, grace_s=GRACE_S, poll_s=0.05,
-                           lease_s=lease_s, compress=compress,
-                           max_in_flight=concurrency * 4)
-    worker.name, worker.notes = name, notes
-
-    def ready() -> None:
-        runner = worker.runner if worker.wait_ready(120) else None
-        if runner is not None:
-            print(f"ready {runner.owner} {time.time():.6f}", flush=True)
-
-    threading.Thread(target=ready, name="drill-ready", daemon=True).start()
-    worker.serve()
-    print(f"bye {time.time():.6f}", flush=True)
-
-
-class _NotingWorker(Worker):
-    """A Worker that notes each result it was given (for the acks check) and when it was
-    told to leave (a takeover of its runs counts from then)."""
-
-    name = "w"
-    notes = ""
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if not self._stopping.is_set():
-            # os.write, not print: a print in a signal handler may reenter another.
-            os.write(1, f"leaving {time.time():.6f}\n".encode())
-        super()._on_signal(signum, frame)
-
-    def _reap(self) -> None:
-        runner = self.runner
-        for future in list(self._running.values()):
-            if future.done() and runner is not None:
-                _note_result(self.notes, self.name, runner.owner, future,
-                             self._stopping.is_set())
-        super()._reap()
-
-
-def _note_result(notes: str, name: str, owner: str, future: Future[RunResult],
-                 stopping: bool) -> None:
-    """One line of ``notes`` per result a worker was given (as ``boundloop.drill`` notes);
-    a run a stopping worker let go (it drained) is noted ``drained``, not as a lease that
-    ran out (which its explanation says)."""
-    if future.cancelled():
-        return
-    exc = future.exception()
-    if exc is not None:
-        record: dict[str, Any] = {"kind": "error", "where": "result", "error": repr(exc)}
-    else:
-        r = future.result()
-        drained = stopping and r.status == "journal_unavailable"
-        record = {"kind": "drained" if drained else "result", "run_id": r.run_id,
-                  "status": r.status, "tool_calls": r.tool_calls,
-                  "model_steps": r.model_steps, "owner": owner,
-                  "explanation": r.explanation if r.status == "journal_unavailable" else ""}
-    _append_line(notes, json.dumps({"worker": name, **record}))
-
-
-def _serve_main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m boundloop.drill_queue worker")
-    for name in ("journal", "ledger", "seed", "concurrency", "notes"):
-        ap.add_argument(name)
-    ap.add_argument("--lease", type=float, default=30.0)
-    ap.add_argument("--compress", action="store_true")
-    ap.add_argument("--name", default="w")
-    ap.add_argument("--pid", type=int, default=0,
-                    help="as pid 1 of a new pid namespace: run the worker as this pid")
-    a = ap.parse_args(argv)
-    as_pid(a.pid)
-    serve(a.journal, a.ledger, int(a.seed), int(a.concurrency), lease_s=a.lease,
-          name=a.name, notes=a.notes, compress=a.compress)
-
 
 # -- the drill ----------------------------------------------------------------------------
 def decision(seed: int, execution_id: str) -> bool:
@@ -270,7 +120,7 @@ class _Fleet:
             if slot in self.procs:
                 continue
             name = f"w{len(self.lives) + 1}"
-            argv = [sys.executable, "-m", "boundloop.drill_queue", "worker", self.rig.where,
+            argv = [sys.executable, "-m", "boundloop.drill", "queue-worker", self.rig.where,
                     str(self.base / "ledger"), str(self.seed), str(self.concurrency),
                     str(logs / f"{name}.jsonl"), "--lease", str(report.lease_s), "--name",
                     name] + (["--compress"] if report.compress else [])
@@ -484,8 +334,3 @@ def _check_queue(runner: Any, base: Path, run_ids: list[str],
     # runs they took from an owner that died, froze, left or lapsed.
     report.runs_recovered += len({t["run_id"] for t in claims
                                   if t["cause"] in ("kill", "pause", "exit", "live")})
-
-
-if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        _serve_main(sys.argv[2:])
