@@ -354,7 +354,7 @@ def test_prune_prints_a_summary(journal: dict[str, Any], tmp_path: Path) -> None
 
 def test_progress_bars_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
-    from boundloop import cli
+    from boundloop.cli import _output as cli
 
     monkeypatch.setenv("FORCE_COLOR", "1")  # rich's force_terminal
     monkeypatch.setenv("COLUMNS", "80")
@@ -376,7 +376,7 @@ def test_progress_bars_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_fitting_cuts_then_drops_columns() -> None:
-    from boundloop.cli import Col, _clip, _fit
+    from boundloop.cli._output import Col, _clip, _fit
 
     cols = [Col("id"), Col("detail", shrink=6), Col("extra", drop=5)]
     rows = [["abc", "a long detail text", "x"]]

@@ -94,7 +94,7 @@ def test_ids_are_never_cut(journal: dict[str, Any]) -> None:
 
 def test_a_table_that_cannot_fit_its_ids_becomes_records(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from boundloop.cli import Col, _Out
+    from boundloop.cli._output import Col, _Out
 
     monkeypatch.setenv("TTY_COMPATIBLE", "0")
     monkeypatch.setenv("COLUMNS", "40")

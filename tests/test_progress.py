@@ -11,7 +11,8 @@ import pytest
 from rich.console import Console
 
 import boundloop as bl
-from boundloop import cli, ops
+from boundloop import ops
+from boundloop.cli import _output
 from boundloop.journal.lmdb import LmdbJournal
 
 
@@ -57,10 +58,10 @@ def test_compact_tells_records_copied(tmp_path: Path) -> None:
 def test_the_bar_shows_on_a_terminal_after_a_second_and_keeps_lines_above_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     screen = io.StringIO()
-    out = cli._Out()
+    out = _output._Out()
     out.console = Console(file=screen, force_terminal=True, width=60)
     out.rich = True
-    with cli._progress(out, "checking") as bar:
+    with _output._progress(out, "checking") as bar:
         bar.update(3, 10)
         time.sleep(1.4)  # the bar appears once the work has taken a second
         bar.echo("a line of the work's own")
@@ -72,9 +73,9 @@ def test_the_bar_shows_on_a_terminal_after_a_second_and_keeps_lines_above_it(
 
 
 def test_a_pipe_gets_no_bar_only_the_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    out = cli._Out()
+    out = _output._Out()
     assert not out.rich  # pytest captures: not a terminal
-    with cli._progress(out, "checking") as bar:
+    with _output._progress(out, "checking") as bar:
         bar.update(1, 2)
         bar.echo("plain line")
     assert capsys.readouterr().out == "plain line\n"

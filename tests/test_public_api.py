@@ -157,6 +157,7 @@ MODULE_ALL: dict[str, set[str]] = {
     "boundloop.cancel": {"CancelToken"},
     "boundloop.clock": {"Clock", "FakeClock"},
     "boundloop.context": {"Model", "ModelContext", "ModelResponse"},
+    "boundloop.cli": {"cli", "main"},
     "boundloop.drill": {
         "Downstream", "DrillReport", "Effect", "QueueDrillReport", "StaleAttempt", "can_unshare",
         "command", "decision", "drill_agent", "drill_model", "drill_tools", "effects",
