@@ -64,6 +64,8 @@ from boundloop.tools import Tool, ToolLike
 RESUMABLE = ("needs_review", "journal_unavailable", "awaiting_approval")
 #: The longest note (and 256 for a name) a person's approve or deny may carry.
 MAX_NOTE = 4096
+#: How often ``resume`` claims a run again when an append of its gone owner landed first.
+_CLAIM_TRIES = 5
 #: How many resumable runs' scrubbers a runner keeps (the oldest go first).
 KEPT_SCRUBBERS = 1024
 
@@ -392,6 +394,23 @@ class Runner:
         self._journal.append(run_id, seq, [event])
         return apply(state, event)
 
+    def _claim_for_resume(self, run_id: str, seq: int, state: RunState,
+                          ) -> tuple[RunState, int]:
+        """Claim a run whose owner is gone, for ``resume``. An append that lands between the
+        read and the claim without changing the owner (what a fenced runner records of its
+        last attempts as it stops) is read and the claim made again; a claim by another
+        runner is refused."""
+        for _ in range(_CLAIM_TRIES):
+            try:
+                return self._claim(run_id, seq, state), seq
+            except SequenceConflict:
+                owner = state.owner
+                state, seq = self._load(run_id)
+                if state.owner != owner or (state.finished and state.status not in (
+                        "needs_review", "awaiting_approval")):
+                    break
+        raise RecoveryError(f"run {run_id!r} was claimed by another runner")
+
     def _load(self, run_id: str) -> tuple[RunState, int]:
         self._journal.info(run_id)  # UnknownRun, said once for every caller
         pairs = list(self._journal.read(run_id))
@@ -502,10 +521,7 @@ class Runner:
                                                            self._journal.owners()):
                 raise RecoveryError(f"run {run_id!r} is owned by the live runner "
                                     f"{state.owner!r}; resume it there")
-            try:
-                state = self._claim(run_id, seq, state)
-            except SequenceConflict:
-                raise RecoveryError(f"run {run_id!r} was claimed by another runner") from None
+            state, seq = self._claim_for_resume(run_id, seq, state)
             seq += 1
             if gate is not None and not gate():
                 # Claimed, but it must not start here (a worker over an agent's limit):
