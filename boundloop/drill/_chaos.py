@@ -201,7 +201,7 @@ def settle(runner: Any, base: Path, run_ids: list[str], model: Any, tools: list[
             _append_line(base / "recovered.jsonl", json.dumps({
                 "run_id": r.run_id, "by": "person", "unresolved": [
                     [u.idempotency_key, u.tool, u.phase] for u in r.unresolved]}))
-            runner.resume(r.run_id, model, tools)
+            _resume_free(runner, r.run_id, model, tools)
         keys = {k for k, _ in ledger(base / "ledger")}
         waiting = [i for i in run_ids if runner.state(i).status in stops]
         for run_id in waiting:
@@ -211,12 +211,23 @@ def settle(runner: Any, base: Path, run_ids: list[str], model: Any, tools: list[
                 outcome = "succeeded" if action.idempotency_key in keys else "failed"
                 runner.resolve(run_id, action.execution_id, outcome, note="ledger checked",
                                by="drill")
-            runner.resume(run_id, model, tools)
+            _resume_free(runner, run_id, model, tools)
         settled = not waiting and next(iter(runner.journal.open_runs()), None) is None
         if settled or time.monotonic() > give_up:
             break
         if not waiting:
             time.sleep(runner.lease_s / 4)
+
+
+def _resume_free(runner: Any, run_id: str, model: Any, tools: list[Tool]) -> None:
+    """Resume ``run_id``; a run another runner holds at that moment (a claim that lost a
+    race) is left for the person's next round, which ``_check`` bounds."""
+    from boundloop.errors import RecoveryError
+
+    try:
+        runner.resume(run_id, model, tools)
+    except RecoveryError:
+        time.sleep(0.05)
 
 
 def _kill(base: Path, life: _Life, report: DrillReport, kills: int,
