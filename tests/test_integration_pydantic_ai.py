@@ -775,3 +775,77 @@ def test_cancelling_a_run_stops_the_agent_mid_request(tmp_path: Path) -> None:
     assert out.result.model_steps == 1 and "cancel" in out.result.explanation.lower()
     assert ran == [] and out.output is None and out.result.tool_calls == 0
     assert isinstance(events[-1], ev.RunFinished) and events[-1].status == "cancelled"
+
+
+# --- found by an attacker session ------------------------------------------------------------
+
+def test_a_tool_returning_bytes_that_are_not_utf8_succeeds_once(tmp_path: Path) -> None:
+    """Its return could not be made JSON as text: it was recorded as an error, and a retry
+    policy ran the (non-idempotent) tool three times."""
+    charges: list[int] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not returns(messages):
+            return ModelResponse(parts=[ToolCallPart("charge", {"cents": 5}, tool_call_id="c")])
+        return ModelResponse(parts=[TextPart("charged")])
+
+    agent = Agent(FunctionModel(model), name="biller")
+
+    @agent.tool_plain
+    def charge(cents: int) -> Any:
+        charges.append(cents)
+        return {"receipt": b"\x89receipt\xff", "cents": cents}
+
+    bound = BoundloopAgent(agent, tool_options={"charge": {"retry": bl.RetryPolicy(3, 0.0)}})
+    with bl.Runner(tmp_path / "j") as runner:
+        out = bound.run(runner, "charge me")
+    assert out.status == "final" and charges == [5]
+    assert [(c.tool, c.status, c.attempts) for c in out.result.completed] == [("charge", "ok", 1)]
+
+
+def test_a_sequential_tool_never_runs_alongside_another_call(tmp_path: Path) -> None:
+    running, most = [0], [0]
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if not returns(messages):
+            return ModelResponse(parts=[ToolCallPart("write", {"n": i}, tool_call_id=f"w{i}")
+                                        for i in range(4)])
+        return ModelResponse(parts=[TextPart("written")])
+
+    agent = Agent(FunctionModel(model), name="ledger")
+
+    @agent.tool_plain(sequential=True)
+    async def write(n: int) -> int:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        await asyncio.sleep(0.05)
+        running[0] -= 1
+        return n
+
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent, budget=bl.Budget(max_parallel=4)).run(runner, "go")
+    assert out.status == "final" and out.result.tool_calls == 4 and most == [1]
+
+
+def test_an_output_validators_reason_reaches_the_model(tmp_path: Path) -> None:
+    seen: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        seen.append(str(messages[-1].parts[-1].content))  # type: ignore[union-attr]
+        return ModelResponse(parts=[TextPart(f"answer {len(seen)}")])
+
+    agent = Agent(FunctionModel(model), name="strict")
+
+    @agent.output_validator
+    def check(text: str) -> str:
+        if text != "answer 2":
+            raise ModelRetry("say it twice")
+        return text
+
+    with bl.Runner(tmp_path / "j") as runner:
+        out = BoundloopAgent(agent, budget=bl.Budget(malformed_retries=1)).run(runner, "go")
+        strict = BoundloopAgent(agent).run(runner, "go")
+    notices = [m.text for m in out.result.transcript if m.kind == "notice"]
+    assert out.status == "final" and out.output == "answer 2"
+    assert len(notices) == 1 and "say it twice" in notices[0] and "say it twice" in seen[1]
+    assert strict.status == "malformed_response" and "say it twice" in strict.result.explanation

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -95,6 +96,9 @@ _OUTCOMES: dict[str, str] = {
     "outcome_unknown": "failed",
     "too_large": "failed",
 }
+
+#: How many runs' locks an agent with a sequential tool keeps (the oldest go first).
+_SERIAL_RUNS = 1024
 
 #: A tool that raised ``ModelRetry`` has the ``error`` content ``"ModelRetry: <message>"``.
 _MODEL_RETRY = "ModelRetry: "
@@ -166,6 +170,10 @@ class BoundloopAgent(Guest):
         self.model_settings = model_settings
         self.price = price
         self._inferred: Model | None = None
+        #: True when a tool of the agent is ``sequential``: then a run's calls run one at a
+        #: time (Pydantic AI runs a step holding one such call one call at a time).
+        self._serial = False
+        self._serial_locks: OrderedDict[str, asyncio.Lock] = OrderedDict()
 
     # -- the framework's model and dependencies ------------------------------------------------
     def _framework_model(self) -> Model:
@@ -205,7 +213,18 @@ class BoundloopAgent(Guest):
                                        self._executor(toolset, tool_name)))
                 self._default_options(definition.name, tool.requires_approval,
                                       definition.timeout)
+                self._serial = self._serial or bool(getattr(tool, "sequential", False))
         return tools
+
+    def _serial_lock(self, run_id: str) -> asyncio.Lock:
+        """The lock a run's calls take one at a time when the agent has a sequential tool
+        (a run's tools all run on its one event loop)."""
+        lock = self._serial_locks.get(run_id)
+        if lock is None:
+            lock = self._serial_locks[run_id] = asyncio.Lock()
+            while len(self._serial_locks) > _SERIAL_RUNS:
+                self._serial_locks.popitem(last=False)
+        return lock
 
     def _default_options(self, name: str, requires_approval: bool,
                          timeout: float | None) -> None:
@@ -224,6 +243,12 @@ class BoundloopAgent(Guest):
         with a ``RunContext`` carrying the deps, the call's id and its attempt."""
 
         async def execute(arguments: dict[str, Any], call: ToolContext) -> Any:
+            if self._serial:
+                async with self._serial_lock(call.run_id):
+                    return await run(arguments, call)
+            return await run(arguments, call)
+
+        async def run(arguments: dict[str, Any], call: ToolContext) -> Any:
             ctx: RunContext[Any] = RunContext(
                 deps=await self._deps(call.run_id), model=self._framework_model(),
                 usage=RunUsage(), agent=self.pydantic_agent, run_id=call.run_id)
@@ -511,9 +536,16 @@ def _storable(result: Any) -> Any:
     So the journal keeps, and the model later sees, what it sees in a plain run."""
     if isinstance(result, pydantic_ai.ToolReturn):
         result = result.return_value
-    if isinstance(result, str | int | float | bool) or result is None:
+    if isinstance(result, str | int | float | bool | bytes) or result is None:
         return result
-    return pydantic_core.to_jsonable_python(result, fallback=str)
+    # The tool has run: nothing here may turn its call into a failure (and a retry).
+    try:
+        return pydantic_core.to_jsonable_python(result, fallback=str)
+    except Exception:  # noqa: BLE001 - bytes that are not UTF-8 inside a structure, say
+        try:
+            return pydantic_core.to_jsonable_python(result, fallback=str, bytes_mode="base64")
+        except Exception:  # noqa: BLE001
+            return repr(result)
 
 
 def _arguments(args: Any) -> Any:
@@ -551,6 +583,12 @@ def _retry_reason(messages: list[pm.ModelMessage]) -> str | None:
         if retried:
             return ("the agent refused the model's answer: "
                     + _feedback_text(getattr(part, "content", None)))
+    # An output validator's ModelRetry comes back as a user prompt of the new request (it
+    # is asked for only when the agent asks its model a second time in one step).
+    said = [part.content for part in last.parts
+            if isinstance(part, pm.UserPromptPart) and isinstance(part.content, str)]
+    if said:
+        return "the agent refused the model's answer: " + said[-1]
     return None
 
 
