@@ -97,7 +97,15 @@ def catalogue_cost(usage: Usage, model: str | None, provider: str | None = None)
         # catalogue find the provider by the model's name instead.
         provider = None
     try:
-        calc = genai_prices.calc_price(counts, model, provider_id=provider)
+        try:
+            calc = genai_prices.calc_price(counts, model, provider_id=provider)
+        except LookupError:
+            # "openai:gpt-4.1", "anthropic/claude-sonnet-4-5": a gateway's or a framework's
+            # way of naming a model; the catalogue knows it by its own name at that provider.
+            prefix, _, bare = model.replace("/", ":", 1).partition(":")
+            if not bare or not _known_provider(prefix):
+                raise
+            calc = genai_prices.calc_price(counts, bare, provider_id=prefix)
     except LookupError:
         at = f" at provider {provider!r}" if provider else ""
         return Quote(None, f"genai-prices has no price for model {model[:80]!r}{at}")

@@ -272,3 +272,15 @@ def test_an_unpriced_malformed_step_ends_the_run_while_retries_remain(
     assert (result.status, result.exhausted_limit) == ("limit_exceeded", "cost")
     assert "the run did not go on" in result.explanation
     assert result.model_steps == 1
+
+
+def test_a_model_named_with_its_provider_is_priced_as_the_catalogue_names_it() -> None:
+    """A framework's or a gateway's "provider:model" or "provider/model" was never priced."""
+    from boundloop.pricing import catalogue_cost
+
+    usage = bl.Usage(input_tokens=1000, output_tokens=100)
+    plain = catalogue_cost(usage, "gpt-4.1").cost
+    assert plain is not None and plain > 0
+    assert catalogue_cost(usage, "openai:gpt-4.1").cost == plain
+    assert catalogue_cost(usage, "openai/gpt-4.1").cost == plain
+    assert catalogue_cost(usage, "no-such-provider:gpt-4.1").cost is None
