@@ -201,7 +201,7 @@ def test_workers_forked_from_a_parent_holding_the_journal_open_their_own(
 def test_a_child_forked_while_the_journal_is_busy_is_told_why_it_cannot_open_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     journal, _, _ = _paths(tmp_path)
-    monkeypatch.setattr(lmdb_journal, "FORK_WAIT_S", 0.2)
+    monkeypatch.setattr(lmdb_journal._lock, "FORK_WAIT_S", 0.2)
     with bl.Runner(journal) as runner:
         gate = runner.journal._gate  # type: ignore[attr-defined]
         gate.enter_shared()  # a transaction in flight for the whole fork

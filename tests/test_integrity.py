@@ -410,7 +410,7 @@ def test_a_new_journal_is_stamped_with_the_format(tmp_path: Path) -> None:
 # -- truncation: never a SIGBUS ------------------------------------------------------------
 def _last_live_page(path: Path) -> int:
     """The highest page LMDB's current snapshot uses (the rest up to its last are free)."""
-    from boundloop.journal.lmdb import _META, _free_pages
+    from boundloop.journal.lmdb._pages import _META, _free_pages
 
     data = path / "data.mdb"
     with open(data, "rb") as f:

@@ -19,7 +19,7 @@ import lmdb
 import pytest
 
 import boundloop as bl
-from boundloop.journal.lmdb import _names
+from boundloop.journal.lmdb._records import _names
 
 PAGE = 4096
 CLI = [sys.executable, "-m", "boundloop"]

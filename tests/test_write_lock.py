@@ -114,7 +114,7 @@ def test_an_outcome_that_cannot_be_recorded_in_time_is_left_unresolved(journal: 
                          ids=["no deadline", "a long deadline"])
 def test_a_write_waits_lock_wait_s_at_most_then_fails_closed(
         journal: Path, monkeypatch: pytest.MonkeyPatch, budget: bl.Budget | None) -> None:
-    monkeypatch.setattr(bl_lmdb, "LOCK_WAIT_S", 1.0)
+    monkeypatch.setattr(bl_lmdb._lock, "LOCK_WAIT_S", 1.0)
     with bl.Runner(journal) as runner:
         holder = Holder(journal)
         try:
@@ -129,7 +129,7 @@ def test_a_write_waits_lock_wait_s_at_most_then_fails_closed(
 
 def test_opening_a_runner_gives_up_with_a_clear_error(journal: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bl_lmdb, "LOCK_WAIT_S", 1.0)
+    monkeypatch.setattr(bl_lmdb._lock, "LOCK_WAIT_S", 1.0)
     holder = Holder(journal)
     try:
         started = time.monotonic()
@@ -146,7 +146,7 @@ def test_a_supervisor_waiting_for_the_lock_still_serves_its_other_runs(
         journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """One supervisor: a run without a deadline waits for the lock on the writer thread, not
     on the supervisor's, so a run with a deadline there still ends in time."""
-    monkeypatch.setattr(bl_lmdb, "LOCK_WAIT_S", 4.0)
+    monkeypatch.setattr(bl_lmdb._lock, "LOCK_WAIT_S", 4.0)
     with bl.Runner(journal, supervisors=1) as runner:
         holder = Holder(journal)
         try:
@@ -274,7 +274,7 @@ with journal._txn(write=True):
 
 def test_a_forked_child_does_not_keep_a_killed_parents_lock(
         journal: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(bl_lmdb, "LOCK_WAIT_S", 2.0)
+    monkeypatch.setattr(bl_lmdb._lock, "LOCK_WAIT_S", 2.0)
     proc = subprocess.Popen([sys.executable, "-c", FORKER, str(journal)],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None

@@ -126,7 +126,7 @@ lock = os.open(os.path.join(sys.argv[1], "lock.mdb"), os.O_RDWR)
 def ofd(kind):
     fcntl.fcntl(lock, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", kind, 0, 1 << 40, 1, 0))
 for _ in sys.stdin:
-    ofd(fcntl.F_WRLCK)  # boundloop's own write lock (journal.lmdb._WriteLock), taken first
+    ofd(fcntl.F_WRLCK)  # boundloop's own write lock (journal.lmdb._lock._WriteLock), taken first
     ofd(fcntl.F_UNLCK)
     for _ in range(3):
         try:
