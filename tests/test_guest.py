@@ -198,3 +198,26 @@ def test_bad_tool_options_and_child_outside_a_tool(tmp_path: Path) -> None:
         _ = guest.agent
     with pytest.raises(bl.ConfigError, match="inside a tool"):
         asyncio.run(make([])[0].arun_child("x"))
+
+
+def test_cancel_stops_a_framework_stuck_in_its_model_request(tmp_path: Path) -> None:
+    """Every adapter's step is raced against the run's cancel token: a framework waiting on
+    a slow request held a cancelled run until the request answered."""
+    import threading
+    import time
+
+    class Slow(ToyModel):
+        async def request(self, messages: list[Any]) -> tuple[str, Any]:
+            await asyncio.sleep(30)
+            return await super().request(messages)
+
+    guest = ToyGuest(ToyAgent(Slow([("text", "late")]), {}))
+    token = bl.CancelToken()
+    with bl.Runner(tmp_path / "j") as runner:
+        threading.Timer(0.5, token.cancel).start()
+        started = time.monotonic()
+        out = guest.run(runner, "go", cancel=token)
+        took = time.monotonic() - started
+        events = list(runner.journal.events(out.run_id))
+    assert out.status == "cancelled" and out.output is None and took < 10
+    assert type(events[-1]).__name__ == "RunFinished" and out.result.model_steps == 1

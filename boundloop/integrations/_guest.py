@@ -356,10 +356,36 @@ class _GuestModel:
         return getattr(self._guest, "price", None)
 
     async def __call__(self, history: list[Any], ctx: Any) -> Any:
-        return await self._guest.step(history, ctx)
+        return await _unless_cancelled(self._guest.step(history, ctx),
+                                       getattr(ctx, "cancel", None))
 
     def __repr__(self) -> str:
         return f"<step of {self._guest!r}>"
+
+
+async def _unless_cancelled(step: Awaitable[Any], cancel: CancelToken | None) -> Any:
+    """``await step``, stopped at once (the framework and its request cancelled) when the
+    run's token is cancelled: the step then answers a malformed response, which the runner
+    discards as it ends the run ``cancelled`` (SPEC 5, step 4). Without this a framework's
+    slow request held the run until it answered."""
+    running = asyncio.ensure_future(step)
+    if cancel is None:
+        return await running
+    loop = asyncio.get_running_loop()
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(running.cancel)
+
+    stop = cancel.on_cancel(wake)
+    try:
+        return await running
+    except asyncio.CancelledError:
+        this = asyncio.current_task()
+        if this is not None and this.cancelling():
+            raise  # the step itself was cancelled (its deadline, its caller)
+        return Malformed("the run was cancelled while its model was asked")
+    finally:
+        stop()
 
 
 def _as_tool(tool: GuestTool, options: Mapping[str, Any]) -> Tool:

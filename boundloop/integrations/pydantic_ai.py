@@ -35,13 +35,12 @@ import asyncio
 import dataclasses
 import inspect
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from boundloop.cancel import CancelToken
 from boundloop.errors import ConfigError
-from boundloop.messages import CallTools, Final, Malformed, ToolCall
+from boundloop.messages import CallTools, Final, ToolCall
 from boundloop.models._common import (
     AssistantText,
     OrphanResult,
@@ -292,8 +291,7 @@ class BoundloopAgent(Guest):
                                          model_settings=settings)
             return result.output
 
-        answer, output, finished = await _unless_cancelled(turn.run(framework),
-                                                           getattr(ctx, "cancel", None))
+        answer, output, finished = await turn.run(framework)
         if finished:
             self.keep_output(ctx.run_id, output)
         return answer
@@ -346,31 +344,6 @@ class BoundloopAgent(Guest):
         total_input = int(getattr(usage, "input_tokens", 0) or 0)
         return make_usage(max(total_input - read - write, 0),
                           getattr(usage, "output_tokens", 0), write, read, price=self.price)
-
-
-async def _unless_cancelled(step: Coroutine[Any, Any, tuple[Any, Any, bool]],
-                            cancel: CancelToken | None) -> tuple[Any, Any, bool]:
-    """``await step``, stopped at once (the agent and its request cancelled) when the run's
-    token is cancelled: the step then answers a malformed response, which the runner
-    discards as it ends the run ``cancelled`` (SPEC 5, step 4)."""
-    running = asyncio.ensure_future(step)
-    if cancel is None:
-        return await running
-    loop = asyncio.get_running_loop()
-
-    def wake() -> None:
-        loop.call_soon_threadsafe(running.cancel)
-
-    stop = cancel.on_cancel(wake)
-    try:
-        return await running
-    except asyncio.CancelledError:
-        this = asyncio.current_task()
-        if this is not None and this.cancelling():
-            raise                                   # the step itself was cancelled
-        return Malformed("the run was cancelled while its model was asked"), None, False
-    finally:
-        stop()
 
 
 class _StepModel(WrapperModel):
