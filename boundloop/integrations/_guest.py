@@ -123,7 +123,6 @@ class OneRequest(Generic[R]):
 
     def __init__(self) -> None:
         self._answer: Any = None
-        self._framework_response: Any = None
         self._asked_again: str | None = None
         self._done = asyncio.Event()
 
@@ -144,7 +143,6 @@ class OneRequest(Generic[R]):
             self._done.set()
             raise _Stopped("boundloop: one model request per step")
         response = await send()
-        self._framework_response = response
         self._answer = convert(response)
         if not isinstance(self._answer, Final):
             self._done.set()

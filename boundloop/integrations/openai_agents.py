@@ -77,6 +77,7 @@ from boundloop.models._common import (
     response_info,
     result_text,
 )
+from boundloop.models._openai_responses import step_items
 from boundloop.policy.budget import Budget, Usage
 from boundloop.pricing import PriceOption, check_price
 
@@ -400,32 +401,7 @@ def to_input_items(history: Sequence[Any]) -> list[TResponseInputItem]:
 
 
 def _step_items(turn: ToolStep) -> list[dict[str, Any]]:
-    ids = {str(_get(call, "id")) for call in turn.calls}
-    saved = [item for item in (turn.content if isinstance(turn.content, list) else [])
-             if isinstance(item, dict) and item.get("type") in _ITEM_TYPES]
-    out: list[dict[str, Any]] = []
-    sent: set[str] = set()
-    if turn.text and not any(item.get("type") == "message" for item in saved):
-        out.append({"type": "message", "role": "assistant", "content": turn.text})
-    for item in saved:
-        if item.get("type") == "function_call":
-            call_id = str(item.get("call_id"))
-            if call_id not in ids or call_id in sent:   # only calls the history holds
-                continue
-            sent.add(call_id)
-        out.append(item)
-    for call in turn.calls:
-        call_id = str(_get(call, "id"))
-        if call_id not in sent:
-            sent.add(call_id)
-            out.append({"type": "function_call", "call_id": call_id,
-                        "name": str(_get(call, "name")),
-                        "arguments": json.dumps(_get(call, "arguments"), ensure_ascii=False,
-                                                default=str)})
-    for call, result in turn.paired():
-        out.append({"type": "function_call_output", "call_id": str(_get(call, "id")),
-                    "output": _output(result)})
-    return out
+    return step_items(turn, _ITEM_TYPES, str, _output)
 
 
 def _output(result: Any) -> Any:

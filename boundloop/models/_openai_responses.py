@@ -3,7 +3,7 @@ reader."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from boundloop.messages import CallTools, Final, ToolCall
@@ -107,33 +107,7 @@ class OpenAIResponsesModel(_OpenAIModel):
         return items
 
     def _step_items(self, turn: ToolStep, names: ToolNames) -> list[dict[str, Any]]:
-        ids = [str(_field(call, "id")) for call in turn.calls]
-        saved = [item for item in (turn.content if isinstance(turn.content, list) else [])
-                 if isinstance(item, dict) and item.get("type") in _ITEM_TYPES]
-        out: list[dict[str, Any]] = []
-        sent: set[str] = set()
-        if turn.text and not any(item.get("type") == "message" for item in saved):
-            out.append({"type": "message", "role": "assistant", "content": turn.text})
-        for item in saved:
-            if item.get("type") == "function_call":
-                call_id = str(item.get("call_id"))
-                # Only the calls the history holds (each needs its output), each once.
-                if call_id not in ids or call_id in sent:
-                    continue
-                sent.add(call_id)
-            out.append(item)
-        for call in turn.calls:
-            call_id = str(_field(call, "id"))
-            if call_id in sent:
-                continue
-            sent.add(call_id)
-            out.append({"type": "function_call", "call_id": call_id,
-                        "name": names.to_provider(str(_field(call, "name"))),
-                        "arguments": _arguments_json(_field(call, "arguments"))})
-        for call, result in turn.paired():
-            out.append({"type": "function_call_output", "call_id": str(_field(call, "id")),
-                        "output": _result_content(result)})
-        return out
+        return step_items(turn, _ITEM_TYPES, names.to_provider, _result_content)
 
     def _parse(self, response: Any, names: ToolNames, max_tokens: int | None = None) -> Any:
         usage = self._usage(_field(response, "usage"))
@@ -248,3 +222,38 @@ class _ResponsesReader(_Reader):
             raise RuntimeError("the provider's stream ended before the response was complete "
                                "(no response.completed event)")
         return self.response
+
+
+def step_items(turn: ToolStep, item_types: Collection[str], name_of: Callable[[str], str],
+               output_of: Callable[[Any], Any]) -> list[dict[str, Any]]:
+    """One model step of the history as Responses API input items: the provider's own items
+    kept with the step (those of ``item_types``; reasoning with its encrypted content), each
+    call once, then each call's ``function_call_output`` (``output_of(result)``). The OpenAI
+    Agents SDK takes the same items (``boundloop.integrations.openai_agents``)."""
+    ids = {str(_field(call, "id")) for call in turn.calls}
+    saved = [item for item in (turn.content if isinstance(turn.content, list) else [])
+             if isinstance(item, dict) and item.get("type") in item_types]
+    out: list[dict[str, Any]] = []
+    sent: set[str] = set()
+    if turn.text and not any(item.get("type") == "message" for item in saved):
+        out.append({"type": "message", "role": "assistant", "content": turn.text})
+    for item in saved:
+        if item.get("type") == "function_call":
+            call_id = str(item.get("call_id"))
+            # Only the calls the history holds (each needs its output), each once.
+            if call_id not in ids or call_id in sent:
+                continue
+            sent.add(call_id)
+        out.append(item)
+    for call in turn.calls:
+        call_id = str(_field(call, "id"))
+        if call_id in sent:
+            continue
+        sent.add(call_id)
+        out.append({"type": "function_call", "call_id": call_id,
+                    "name": name_of(str(_field(call, "name"))),
+                    "arguments": _arguments_json(_field(call, "arguments"))})
+    for call, result in turn.paired():
+        out.append({"type": "function_call_output", "call_id": str(_field(call, "id")),
+                    "output": output_of(result)})
+    return out
