@@ -14,6 +14,7 @@ import msgspec
 
 from boundloop.messages import CallTools, Final, ToolCall
 from boundloop.models.scripted import ScriptedModel
+from boundloop.policy import kinds
 from boundloop.policy.budget import Budget, Usage
 from boundloop.results import RunResult
 from boundloop.runner import Runner
@@ -47,7 +48,7 @@ def limit_text(limit: str | None, budget: Budget) -> str | None:
     value = None if field is None else getattr(budget, field, None)
     if value is None:
         return limit
-    return f"{limit}={value:g}" + ("s" if limit == "deadline" else "")
+    return f"{limit}={value:g}" + ("s" if kinds.is_deadline(limit) else "")
 
 
 def completed_text(result: RunResult) -> str:
@@ -55,7 +56,7 @@ def completed_text(result: RunResult) -> str:
     ok, else ``2 (1 error)``."""
     counts: dict[str, int] = {}
     for c in result.completed:
-        if c.status != "ok":
+        if not kinds.is_ok(c.status):
             counts[c.status] = counts.get(c.status, 0) + 1
     others = ", ".join(f"{n} {status}" for status, n in counts.items())
     return f"{len(result.completed)} ({others})" if others else str(len(result.completed))
@@ -176,7 +177,7 @@ def run_demo(runner: Runner, on_result: Callable[[Scenario], None] | None = None
         result = runner.run(model=ScriptedModel(script), tools=tools, prompt=name,
                             budget=budget, run_id=_run_id(tag, len(out) + 1, name))
         add(name, story, result)
-        if result.status == "needs_review":
+        if kinds.needs_review(result.status):
             [action] = result.unresolved
             runner.resolve(result.run_id, action.execution_id, "succeeded",
                            note="the bank statement shows the transfer", by="demo")

@@ -24,6 +24,7 @@ from boundloop import events as ev
 from boundloop._text import money, plain
 from boundloop.errors import JournalCorrupt
 from boundloop.journal.base import Journal
+from boundloop.policy import kinds
 from boundloop.telemetry import names as n
 from boundloop.telemetry.projection import Projection
 
@@ -189,7 +190,7 @@ class _Watch:
     def __call__(self, e: ev.Event) -> None:
         muted = self.sink.muted = self.since is not None and e.ts < self.since
         self.in_window = self.in_window or not muted
-        if isinstance(e, ev.RunFinished) and e.status == "awaiting_approval":
+        if isinstance(e, ev.RunFinished) and kinds.awaits_approval(e.status):
             self.awaiting = True  # not a finished run: it waits for a person
         elif isinstance(e, ev.RunFinished):
             self.finished = True

@@ -26,6 +26,7 @@ from boundloop.agent import Agent
 from boundloop.errors import BoundloopError, ConfigError, JournalCorrupt, RecoveryError
 from boundloop.journal.base import Journal, RunInfo
 from boundloop.owners import owner_alive
+from boundloop.policy import kinds
 from boundloop.policy.replay import ReplayError
 from boundloop.results import RunResult
 from boundloop.runner import Runner
@@ -269,7 +270,8 @@ class Worker:
             self._expired_checked = time.monotonic()
             infos = getattr(runner.journal, "infos", None)
             for info in infos() if infos is not None else []:
-                if info.status == "awaiting_approval" and info.run_id not in self._waiting \
+                if kinds.awaits_approval(info.status) \
+                        and info.run_id not in self._waiting \
                         and self._agent_name(runner, info.run_id) in self.agents:
                     self._note_waiting(runner, info.run_id)
         started = 0
@@ -277,7 +279,7 @@ class Worker:
             if due > now or started >= free or self._stopping.is_set():
                 break
             del self._waiting[run_id]
-            if runner.state(run_id).status != "awaiting_approval":
+            if not kinds.awaits_approval(runner.state(run_id).status):
                 continue  # decided meanwhile: queued again, or ended
             agent = self.agents.get(self._agent_name(runner, run_id) or "")
             if agent is not None and self._start(runner, agent, run_id):
@@ -288,7 +290,7 @@ class Worker:
         """Remember when the deadline of a run that waits for a person passes."""
         state = runner.state(run_id)
         deadline_s = state.budget.deadline_s
-        if state.status == "awaiting_approval" and deadline_s is not None \
+        if kinds.awaits_approval(state.status) and deadline_s is not None \
                 and state.waiting_since is not None:
             self._waiting[run_id] = state.waiting_since + max(deadline_s - state.elapsed_s,
                                                               0.0)
@@ -299,7 +301,7 @@ class Worker:
                 del self._running[run_id]
                 if not future.cancelled() and future.exception() is None:
                     status = self.finished[run_id] = future.result().status
-                    if status == "awaiting_approval" and self.runner is not None:
+                    if kinds.awaits_approval(status) and self.runner is not None:
                         self._note_waiting(self.runner, run_id)
 
     def _shutdown(self, runner: Runner) -> None:

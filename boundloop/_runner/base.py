@@ -23,6 +23,7 @@ from boundloop.errors import JournalError, RecoveryError, RunnerClosed, Sequence
 from boundloop.journal.base import Journal, OwnerRecord
 from boundloop.loop import Estimator
 from boundloop.owners import owner_alive, this_process
+from boundloop.policy import kinds
 from boundloop.policy.redact import Scrubber, digests_in
 from boundloop.policy.replay import RunState, apply, replay
 from boundloop.pricing import PriceOption
@@ -30,7 +31,7 @@ from boundloop.results import RunResult
 from boundloop.telemetry import Telemetry
 
 #: Statuses a run ends with that ``resume`` continues (besides runs left open).
-RESUMABLE = ("needs_review", "journal_unavailable", "awaiting_approval")
+RESUMABLE = kinds.RESUMABLE_STATUSES
 #: The longest note (and 256 for a name) a person's approve or deny may carry.
 MAX_NOTE = 4096
 #: How often ``resume`` claims a run again when an append of its gone owner landed first.
@@ -160,8 +161,8 @@ class RunnerBase:
             except SequenceConflict:
                 owner = state.owner
                 state, seq = self._load(run_id)
-                if state.owner != owner or (state.finished and state.status not in (
-                        "needs_review", "awaiting_approval")):
+                if state.owner != owner or (state.finished
+                                            and state.status not in kinds.WAITING_STATUSES):
                     break
         raise RecoveryError(f"run {run_id!r} was claimed by another runner")
 

@@ -8,6 +8,7 @@ import socket
 from boundloop import events as ev
 from boundloop._runner.base import MAX_NOTE, RunnerBase
 from boundloop.errors import ApprovalError, ConfigError, LeaseLost, RecoveryError, SequenceConflict
+from boundloop.policy import kinds
 from boundloop.policy.redact import journal_safe
 from boundloop.policy.replay import RunState, apply
 
@@ -31,7 +32,7 @@ class People(RunnerBase):
             RecoveryError: no such action, its outcome is already known, the run is in
                 flight here, or a live runner owns it (without ``force``).
         """
-        if outcome not in ("succeeded", "failed", "abandoned"):
+        if not isinstance(outcome, str) or outcome not in kinds.RESOLUTIONS:
             raise ConfigError(f"outcome must be succeeded, failed or abandoned, not {outcome!r}")
         self._here()
         with self._lock:
@@ -103,8 +104,8 @@ class People(RunnerBase):
                               "keep the rest in your own records and refer to it")
         state, seq = self._load(run_id)
         record = state.calls.get(execution_id)
-        if record is None or record.stage != "awaiting" \
-                or state.status != "awaiting_approval":
+        if record is None or not kinds.awaits_decision(record.stage) \
+                or not kinds.awaits_approval(state.status):
             what = "has no call" if record is None else "does not wait for a decision on"
             raise ApprovalError(
                 f"run {run_id!r} {what} {execution_id!r} (the run is {state.status}"

@@ -22,6 +22,7 @@ from boundloop.errors import (
 from boundloop.journal.base import Fence
 from boundloop.loop import Permit
 from boundloop.owners import owner_alive
+from boundloop.policy import kinds
 from boundloop.policy.replay import ReplayError, RunState
 from boundloop.recovery import RecoveredRun
 from boundloop.results import RunResult
@@ -121,7 +122,7 @@ class Resuming(Starting):
             if run_id in self._tokens:
                 raise RecoveryError(f"run {run_id!r} is in flight on this runner")
         state, seq = self._load(run_id)
-        if state.finished and state.status not in ("needs_review", "awaiting_approval"):
+        if state.finished and state.status not in kinds.WAITING_STATUSES:
             raise RecoveryError(f"run {run_id!r} finished ({state.status}); only open runs and "
                                 "runs that need review can be resumed")
         if isinstance(model, Agent):

@@ -27,6 +27,7 @@ from boundloop.errors import (
     SequenceConflict,
 )
 from boundloop.loop import Driver, Permit, RunSpec
+from boundloop.policy import kinds
 from boundloop.policy.budget import Budget
 from boundloop.policy.replay import RunState
 from boundloop.results import RunResult
@@ -95,7 +96,7 @@ class Submitting(Resuming):
 
         def admitted(f: Future[RunResult]) -> None:
             if not f.cancelled() and f.exception() is None \
-                    and f.result().status == "rejected" and f.result().model_steps == 0:
+                    and kinds.is_rejected(f.result().status) and f.result().model_steps == 0:
                 try:
                     taken = self._journal.find(spec.run_id) is not None
                 except JournalError:

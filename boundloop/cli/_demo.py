@@ -9,6 +9,7 @@ import click
 
 from boundloop.cli._common import journal_dir, journal_option
 from boundloop.cli._output import Col, _Out
+from boundloop.policy import kinds
 
 
 @click.command()
@@ -28,7 +29,7 @@ def demo(journal: str | None, as_json: bool) -> None:
              "limit": s.result.exhausted_limit, "budget_limit": s.limit,
              "model_steps": s.result.model_steps, "tool_calls": s.result.tool_calls,
              "completed": len(s.result.completed),
-             "failed": sum(1 for c in s.result.completed if c.status != "ok"),
+             "failed": sum(1 for c in s.result.completed if not kinds.is_ok(c.status)),
              "unresolved": len(s.result.unresolved), "parent_run_id": s.parent_run_id,
              "story": s.story, "explanation": s.result.explanation}
             for s in scenarios]
@@ -54,7 +55,7 @@ def demo(journal: str | None, as_json: bool) -> None:
     else:
         shown = os.path.abspath(where)
     flag = "" if where == default else f" --journal {shown if '://' in where else where}"
-    review = next((s.result.run_id for s in scenarios if s.result.status == "needs_review"),
+    review = next((s.result.run_id for s in scenarios if kinds.needs_review(s.result.status)),
                   scenarios[0].result.run_id)
     out.line(f"journal: {shown}")
     out.line("what to run next:")

@@ -22,6 +22,7 @@ from boundloop.cli._common import (
     json_option,
 )
 from boundloop.cli._output import Col, _age, _ago, _echo_json, _Out, _plural, _secs, _tokens, _when
+from boundloop.policy import kinds
 
 if TYPE_CHECKING:
     from boundloop.stats import Stats
@@ -74,10 +75,10 @@ def runs(journal: str | None, as_json: bool, statuses: tuple[str, ...], limits: 
         wanted[key] = value
 
     for s in statuses:
-        if s == "rejected":
+        if kinds.is_rejected(s):
             raise click.BadParameter(REJECTED, param_hint="'--status'")
         if s not in STATUSES:
-            listed = ", ".join(x for x in STATUSES if x != "rejected")
+            listed = ", ".join(x for x in STATUSES if not kinds.is_rejected(x))
             raise click.BadParameter(f"{s!r} is not a status ({listed})",
                                      param_hint="'--status'")
     for lim in limits:

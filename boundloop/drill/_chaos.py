@@ -25,6 +25,7 @@ from boundloop.drill._processes import (
 )
 from boundloop.drill._report import DrillReport
 from boundloop.drill._workload import Downstream, _append_line, drill_model, drill_tools, ledger
+from boundloop.policy import kinds
 from boundloop.tools import Tool
 
 #: A takeover may come this much later than lease + claim interval on a loaded machine: a
@@ -205,7 +206,7 @@ def settle(runner: Any, base: Path, run_ids: list[str], model: Any, tools: list[
         keys = {k for k, _ in ledger(base / "ledger")}
         waiting = [i for i in run_ids if runner.state(i).status in stops]
         for run_id in waiting:
-            if decide is not None and runner.state(run_id).status == "awaiting_approval":
+            if decide is not None and kinds.awaits_approval(runner.state(run_id).status):
                 decide(run_id)
             for action in runner.state(run_id).open_actions:
                 outcome = "succeeded" if action.idempotency_key in keys else "failed"

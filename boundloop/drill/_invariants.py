@@ -13,6 +13,7 @@ from boundloop import events as ev
 from boundloop.drill._processes import _Life
 from boundloop.drill._report import DrillReport
 from boundloop.drill._workload import Downstream, Effect, _append_line, effects
+from boundloop.policy import kinds
 
 #: An attempt dispatched before its worker froze, whose handler started at most this long
 #: after the worker woke from that pause (which began before the claim), passed the
@@ -95,7 +96,7 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
             report.events_lost += 1
             continue
         finishes = [e for e in events if isinstance(e, ev.RunFinished)]
-        report.sent_to_review += sum(1 for e in finishes if e.status == "needs_review")
+        report.sent_to_review += sum(1 for e in finishes if kinds.needs_review(e.status))
         report.reconciled_automatically += sum(isinstance(e, ev.CallReconciled) for e in events)
         report.retried_idempotent += sum(isinstance(e, ev.CallDispatched) and e.attempt > 1
                                          for e in events)
@@ -103,14 +104,14 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
                             finishes[-1].tool_calls) != (state.status, state.model_steps,
                                                          state.tool_calls):
             report.replay_mismatches += 1
-        if state.status != "final":
+        if not kinds.is_final(state.status):
             report.runs_not_final += 1
         for rec in state.calls.values():
             intents[rec.idempotency_key] = rec.tool
             ran = executions[rec.idempotency_key] > 0
-            if ran and rec.status in ("skipped", "error"):
+            if ran and rec.status in kinds.NOT_RUN_STATUSES:
                 report.unresolved_missed += 1  # the journal says it did not happen; it did
-            if not ran and rec.status == "ok":
+            if not ran and kinds.is_ok(rec.status):
                 report.unresolved_spurious += 1  # the journal says it happened; it did not
         # -- ownership ---------------------------------------------------------------------
         segments = _segments(events)
@@ -182,12 +183,12 @@ def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
         elif n.get("kind") == "unavailable":
             report.journal_unavailable_retries += 1
         elif n.get("kind") == "result":
-            if n["status"] == "journal_unavailable":
+            if kinds.is_journal_unavailable(n["status"]):
                 report.zombie_appends_refused += REFUSED in n["explanation"]
                 report.self_fenced += SELF_FENCED in n["explanation"]
                 report.runs_unavailable += not (REFUSED in n["explanation"]
                                                 or SELF_FENCED in n["explanation"])
-            elif n["status"] != "rejected":
+            elif not kinds.is_rejected(n["status"]):
                 # A result given to a worker: its RunFinished is in the journal, in the
                 # stretch that worker owned.
                 report.acks_checked += 1

@@ -41,6 +41,7 @@ from boundloop.drill._processes import _Life, _Lines, _popen, _TidBlocks
 from boundloop.drill._queue_worker import APPROVAL_SHARE, GRACE_S, drill_agent
 from boundloop.drill._report import QueueDrillReport
 from boundloop.drill._workload import effects
+from boundloop.policy import kinds
 
 #: The share of the calls waiting for approval that the person approves (seeded per call).
 APPROVE_SHARE = 0.7
@@ -85,7 +86,7 @@ class _Person:
     def look(self) -> None:
         """Decide what waits now; count what is still to move."""
         infos = self.runner.journal.infos()
-        waiting = [i.run_id for i in infos if i.status == "awaiting_approval"]
+        waiting = [i.run_id for i in infos if kinds.awaits_approval(i.status)]
         self.pending = sum(i.status is None for i in infos) + len(waiting)
         for run_id in waiting:
             if self._stop.is_set():

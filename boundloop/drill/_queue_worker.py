@@ -16,6 +16,7 @@ from typing import Any
 
 from boundloop.drill._worker import as_pid
 from boundloop.drill._workload import _append_line, drill_model, drill_tools, plan
+from boundloop.policy import kinds
 from boundloop.results import RunResult
 from boundloop.worker import Worker
 
@@ -101,11 +102,11 @@ def _note_result(notes: str, name: str, owner: str, future: Future[RunResult],
         record: dict[str, Any] = {"kind": "error", "where": "result", "error": repr(exc)}
     else:
         r = future.result()
-        drained = stopping and r.status == "journal_unavailable"
+        drained = stopping and kinds.is_journal_unavailable(r.status)
         record = {"kind": "drained" if drained else "result", "run_id": r.run_id,
                   "status": r.status, "tool_calls": r.tool_calls,
                   "model_steps": r.model_steps, "owner": owner,
-                  "explanation": r.explanation if r.status == "journal_unavailable" else ""}
+                  "explanation": r.explanation if kinds.is_journal_unavailable(r.status) else ""}
     _append_line(notes, json.dumps({"worker": name, **record}))
 
 

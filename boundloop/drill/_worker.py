@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from boundloop.drill._workload import _append_line, drill_model, drill_tools
+from boundloop.policy import kinds
 from boundloop.results import RunResult
 
 
@@ -76,7 +77,7 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
             note({"kind": "result", "run_id": r.run_id, "status": r.status,
                   "tool_calls": r.tool_calls, "model_steps": r.model_steps,
                   "owner": runner.owner,
-                  "explanation": r.explanation if r.status == "journal_unavailable" else ""})
+                  "explanation": r.explanation if kinds.is_journal_unavailable(r.status) else ""})
             return r
 
         def sweep() -> None:
@@ -129,7 +130,7 @@ def worker(journal: str, ledger_path: str, runs_file: str, seed: int, concurrenc
             wait_all([f for _, f in batch])
             for run_id, future in batch:
                 result = acked(future)
-                if shared and result is not None and result.status == "journal_unavailable" \
+                if shared and result is not None and kinds.is_journal_unavailable(result.status) \
                         and asking(functools.partial(runner.journal.find, run_id),
                                    "find") is None:
                     todo.append(run_id)  # its admission was not recorded: submit it again

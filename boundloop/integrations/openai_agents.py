@@ -78,6 +78,7 @@ from boundloop.models._common import (
     result_text,
 )
 from boundloop.models._openai_responses import step_items
+from boundloop.policy import kinds
 from boundloop.policy.budget import Budget, Usage
 from boundloop.pricing import PriceOption, check_price
 
@@ -410,9 +411,9 @@ def _output(result: Any) -> Any:
         return "error (no_result): no result was recorded for this call"
     status = str(_get(result, "status") or "ok")
     content = _get(result, "content")
-    if status == "ok":
+    if kinds.is_ok(status):
         return content if isinstance(content, str | list) else result_text(content)
-    if status == "error":
+    if kinds.is_error(status):
         return f"error: {result_text(content)}"
     return f"error ({status}): {result_text(content)}"
 

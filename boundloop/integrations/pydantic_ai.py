@@ -53,6 +53,7 @@ from boundloop.models._common import (
     response_info,
     result_text,
 )
+from boundloop.policy import kinds
 from boundloop.policy.budget import Budget, Usage
 from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import ToolContext
@@ -450,7 +451,7 @@ def _pending_output(history: list[Any]) -> pm.ModelResponse | None:
     content = last.content.get(_CONTENT_KEY)
     if not isinstance(content, Mapping) or not content.get("output"):
         return None
-    if any(result is None or getattr(result, "status", None) != "ok"
+    if any(result is None or not kinds.is_ok(getattr(result, "status", None))
            for _, result in last.paired()):
         return None
     try:
@@ -495,7 +496,7 @@ def _tool_return(call: Any, result: Any) -> pm.ToolReturnPart:
     status = str(getattr(result, "status", "ok"))
     content = getattr(result, "content", None)
     outcome = _OUTCOMES.get(status, "failed")
-    if status == "error" and isinstance(content, str) and content.startswith(_MODEL_RETRY):
+    if kinds.is_error(status) and isinstance(content, str) and content.startswith(_MODEL_RETRY):
         outcome, content = "retried", content[len(_MODEL_RETRY):]
     if outcome != "success":
         content = result_text(content)

@@ -30,6 +30,7 @@ from boundloop.models._stream import (
     pump,
     stream_transient,
 )
+from boundloop.policy import kinds
 from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import RetryPolicy
 
@@ -66,9 +67,9 @@ def _is_async_client(client: Any) -> bool:
 
 def _flagged(status: str, content: Any) -> str:
     text = result_text(content)
-    if status == "ok":
+    if kinds.is_ok(status):
         return text
-    if status == "error":
+    if kinds.is_error(status):
         return f"error: {text}"
     return f"error ({status}): {text}"
 

@@ -108,6 +108,7 @@ from boundloop.models._stream import (
     pump,
     stream_transient,
 )
+from boundloop.policy import kinds
 from boundloop.policy.budget import Usage
 from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import RetryPolicy
@@ -591,7 +592,7 @@ def tool_result_block(call_id: str, result: Any) -> dict[str, Any]:
     status = str(_field(result, "status") or "error")
     text = result_text(_field(result, "content"))
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": call_id}
-    if status == "ok":
+    if kinds.is_ok(status):
         block["content"] = text
     else:
         block["is_error"] = True

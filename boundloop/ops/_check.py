@@ -26,6 +26,7 @@ from boundloop.errors import (
 )
 from boundloop.messages import Message, ToolCall
 from boundloop.ops._events import event_name, event_type
+from boundloop.policy import kinds
 from boundloop.policy.budget import (
     TOKEN_LIMITS,
     Budget,
@@ -174,9 +175,9 @@ class _StandIn(Tool):
         if recorded is not None:
             checker = self._checker
             checker.clock.now = max(checker.clock.now, checker.time_of(recorded))
-            if recorded.decision == "skipped" and recorded.reason == "cancelled":
+            if kinds.is_skipped(recorded.decision) and recorded.reason == "cancelled":
                 checker.cancel.cancel("as recorded")
-            if recorded.decision == "invalid_arguments":
+            if kinds.has_invalid_arguments(recorded.decision):
                 raise ArgumentError(recorded.reason or "invalid arguments (as recorded)")
         return dict(arguments)
 
@@ -219,7 +220,8 @@ def describe(event: ev.Event) -> str:
             allowed = "tools allowed" if event.tools_allowed else "tools not allowed"
             return f"model step {event.step} starts ({allowed})"
         case ev.CallDecided():
-            why = f" ({event.reason})" if event.reason and event.decision != "allow" else ""
+            why = f" ({event.reason})" \
+                if event.reason and not kinds.is_allowed(event.decision) else ""
             return (f"call {event.call_id} ({event.tool}) at step {event.step}: "
                     f"{event.decision}{why}")
         case ev.RunFinished():
@@ -317,8 +319,8 @@ class _Checker:
         under the recorded deadline unless the event says the deadline had passed."""
         t = event.elapsed_s
         deadline = self.recorded_budget.deadline_s
-        passed = (isinstance(event, ev.RunFinished) and event.exhausted_limit == "deadline") \
-            or (isinstance(event, ev.CallDecided) and event.decision == "skipped"
+        passed = (isinstance(event, ev.RunFinished) and kinds.is_deadline(event.exhausted_limit)) \
+            or (isinstance(event, ev.CallDecided) and kinds.is_skipped(event.decision)
                 and event.reason == "deadline")
         if deadline is not None and not passed:
             t = min(t, math.nextafter(deadline, -math.inf))
@@ -331,7 +333,7 @@ class _Checker:
             return
         event = nxt[1]
         self.clock.now = max(self.clock.now, self.time_of(event))
-        if isinstance(event, ev.RunFinished) and event.status == "cancelled":
+        if isinstance(event, ev.RunFinished) and kinds.is_cancelled(event.status):
             self.cancel.cancel("as recorded")
 
     def end(self, note: str) -> object:
@@ -357,7 +359,8 @@ class _Checker:
                 self.ends_here(f"at seq {len(self.recording)}")
             return False
         seq, recorded = nxt
-        if isinstance(recorded, ev.RunFinished) and recorded.status == "journal_unavailable":
+        if isinstance(recorded, ev.RunFinished) \
+                and kinds.is_journal_unavailable(recorded.status):
             self.end(f"the journal failed before seq {seq} and nothing after that was "
                      "recorded; every recorded decision before it matched")
             return False
@@ -378,7 +381,8 @@ class _Checker:
             return nxt[1].reservation
         estimate = default_reservation(len(_json.encode(history)), self.output_guess)
         if nxt is not None and isinstance(nxt[1], ev.RunFinished) \
-                and nxt[1].status == "limit_exceeded" and nxt[1].exhausted_limit in TOKEN_LIMITS:
+                and kinds.is_limit_exceeded(nxt[1].status) \
+                and nxt[1].exhausted_limit in TOKEN_LIMITS:
             # The recorded run stopped before this step: its reservation went over the limit
             # but was not kept. Use the default estimate when it agrees, else the least that
             # does.
@@ -396,7 +400,7 @@ class _Checker:
         if recorded is None:
             return True
         self.recorded_for[id(call.arguments)] = recorded
-        if recorded.decision == "denied":
+        if kinds.is_denied(recorded.decision):
             return recorded.reason or "denied (as recorded)"
         return True
 
@@ -434,7 +438,7 @@ class _Checker:
                     out.skipped = e.reason
                 case ev.CallSucceeded():
                     value: Any = e.content
-                    if e.status == "too_large":
+                    if kinds.is_too_large(e.status):
                         value = "x" * max(e.size - 2, 0)  # as many JSON bytes as the result
                     out.attempts.append(Attempt(e.attempt, "ok", value, latency_s=e.latency_s))
                 case ev.CallFailed():

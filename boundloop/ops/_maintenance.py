@@ -17,6 +17,7 @@ from boundloop.errors import (
 )
 from boundloop.journal.base import Journal, RunInfo
 from boundloop.ops._open import journal_dir
+from boundloop.policy import kinds
 
 
 # -- prune -------------------------------------------------------------------------------
@@ -51,9 +52,9 @@ def prune(journal: Journal, older_than_s: float, *, dry_run: bool = False,
     kept: dict[str, str] = {}
 
     def keep(info: RunInfo) -> bool:
-        if info.status == "needs_review":
+        if kinds.needs_review(info.status):
             kept[info.run_id] = "needs review: a person may still resolve and resume it"
-        elif info.status == "awaiting_approval":
+        elif kinds.awaits_approval(info.status):
             kept[info.run_id] = "awaiting approval: a person may still approve or deny"
         elif info.run_id in open_parents:
             kept[info.run_id] = "a child run of it is still open"

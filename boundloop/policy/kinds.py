@@ -62,3 +62,96 @@ CALL_STATUSES: frozenset[str] = frozenset(get_args(CallStatus))
 SUCCEEDED_STATUSES: frozenset[str] = frozenset(get_args(SucceededStatus))
 RESOLUTIONS: frozenset[str] = frozenset(get_args(Resolution))
 CALL_STAGES: frozenset[str] = frozenset(get_args(CallStage))
+
+
+# -- named rules over the vocabularies -----------------------------------------------------
+# Modules outside the pure core ask these instead of comparing the values themselves
+# (tests/test_vocabulary.py): what a value means to the rest of the package is written once.
+
+#: A finished run's statuses that wait for a person: to resolve an action (``needs_review``)
+#: or to decide a call (``awaiting_approval``); ``resume`` takes such a run up.
+WAITING_STATUSES: frozenset[str] = frozenset({"needs_review", "awaiting_approval"})
+#: Statuses a run ends with that ``resume`` continues (besides runs left open).
+RESUMABLE_STATUSES: frozenset[str] = WAITING_STATUSES | {"journal_unavailable"}
+#: A call's statuses that say it did not happen: skipped, or its attempt raised.
+NOT_RUN_STATUSES: frozenset[str] = frozenset({"skipped", "error"})
+
+
+def is_final(status: str | None) -> bool:
+    """The run ended with the model's final answer."""
+    return status == "final"
+
+
+def needs_review(status: str | None) -> bool:
+    """The run stopped at an action whose outcome a person must resolve."""
+    return status == "needs_review"
+
+
+def awaits_approval(status: str | None) -> bool:
+    """The run's turn ended waiting for a person to approve or deny a call."""
+    return status == "awaiting_approval"
+
+
+def is_rejected(status: str | None) -> bool:
+    """Admission refused the run: nothing of it ran."""
+    return status == "rejected"
+
+
+def is_journal_unavailable(status: str | None) -> bool:
+    """The run stopped because the journal could not record it (or this runner was fenced)."""
+    return status == "journal_unavailable"
+
+
+def is_cancelled(status: str | None) -> bool:
+    """The run was cancelled."""
+    return status == "cancelled"
+
+
+def is_limit_exceeded(status: str | None) -> bool:
+    """A budget limit stopped the run (its ``exhausted_limit`` says which)."""
+    return status == "limit_exceeded"
+
+
+def is_ok(status: str | None) -> bool:
+    """A call's result is what its tool returned."""
+    return status == "ok"
+
+
+def is_error(status: str | None) -> bool:
+    """A call's (last) attempt raised."""
+    return status == "error"
+
+
+def is_too_large(status: str | None) -> bool:
+    """A call's result was over ``max_result_bytes``: the model sees a note instead."""
+    return status == "too_large"
+
+
+def is_allowed(decision: str | None) -> bool:
+    """The policy let the call run."""
+    return decision == "allow"
+
+
+def is_denied(decision: str | None) -> bool:
+    """The permit (or read-only mode, or a person) refused the call."""
+    return decision == "denied"
+
+
+def is_skipped(decision: str | None) -> bool:
+    """An accepted call never ran: cancellation or the deadline came first."""
+    return decision == "skipped"
+
+
+def has_invalid_arguments(decision: str | None) -> bool:
+    """The call's arguments did not match its tool's schema."""
+    return decision == "invalid_arguments"
+
+
+def is_deadline(limit: str | None) -> bool:
+    """The limit is the run's wall-clock deadline."""
+    return limit == "deadline"
+
+
+def awaits_decision(stage: str | None) -> bool:
+    """The call waits for a person's decision (``ApprovalRequested`` recorded)."""
+    return stage == "awaiting"

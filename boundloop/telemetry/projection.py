@@ -34,6 +34,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from boundloop import events as ev
 from boundloop.messages import Final
+from boundloop.policy import kinds
 from boundloop.telemetry import names as n
 from boundloop.telemetry._links import FixedIds, RunLink, chat_span_id, tool_span_id
 
@@ -439,7 +440,7 @@ class Projection:
     def _finished(self, run: _Run, e: ev.RunFinished) -> None:
         # A turn that ends awaiting approval is no finished run: the run goes on later.
         rec = self.sink.record if self.sink is not None \
-            and e.status != "awaiting_approval" else None
+            and not kinds.awaits_approval(e.status) else None
         status = (e.status,)
         if rec is not None:
             rec(n.RUNS, 1, status)
@@ -448,7 +449,7 @@ class Projection:
             rec(n.RUN_DURATION, e.elapsed_s, status)
             if e.usage.cost is not None:
                 rec(n.RUN_COST, e.usage.cost, status)
-            if e.status == "needs_review":
+            if kinds.needs_review(e.status):
                 for tool in run.open.values():
                     rec(n.REVIEWS, 1, (tool,))
         run.finished = True
@@ -604,7 +605,7 @@ class Projection:
     # -- calls ------------------------------------------------------------------------
     def _decided(self, run: _Run, e: ev.CallDecided) -> None:
         run.tools[e.execution_id] = (e.tool, e.call_id)
-        if e.decision == "allow":
+        if kinds.is_allowed(e.decision):
             run.open[e.execution_id] = e.tool
         if self.capture_content:
             run.args[e.execution_id] = e.arguments
