@@ -1,4 +1,9 @@
-"""The Runner: starts and stops the actors; run, submit, cancel, recover, resolve, resume."""
+"""The Runner: starts and stops the actors; run, submit, cancel, recover, resolve, resume.
+
+Its jobs live in the private package ``boundloop._runner`` (one module each: starting a
+run, recovering and resuming, a person's decisions, submitting); this module assembles
+them and keeps the names programs import from it (``Runner``, ``new_run_id``).
+"""
 
 from __future__ import annotations
 
