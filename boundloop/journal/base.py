@@ -19,7 +19,7 @@ from boundloop.events import CallResolved, Event, OwnerClaimed
 from boundloop.owners import OwnerRecord as OwnerRecord
 
 __all__ = [
-    "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
+    "Chained", "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
     "answer", "batches", "check_run_id", "drain", "is_claim", "unforced_claim",
     "valid_run_id",
 ]
@@ -168,7 +168,34 @@ def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[
 
 
 class Journal(abc.ABC):
-    """An append-only log of events per run, with an index of runs and their owners."""
+    """An append-only log of events per run, with an index of runs and their owners: the
+    store protocol, the one place that lists what a backend is (DESIGN rule 5).
+
+    A backend must implement: ``submit`` (append after an expected sequence, fenced by
+    owner and epoch), ``read``, ``find``, ``runs``, ``open_runs``, ``put_owner``,
+    ``owners``, ``remove_owner``, ``prune``, ``secret_key``, ``close`` and ``closed``.
+    Everything else has a default written on those: ``submit_many``, ``append``,
+    ``events``, ``info``, ``infos``, ``open_infos``, and the hooks a runner sets or reads
+    (``on_commit``, ``before_sync``, ``wait_limits``), which a backend without commits to
+    time or lock waits to bound leaves as they are. ``boundloop.testing.JournalContract``
+    is the behaviour every backend must have; ``boundloop.journal.memory.MemoryJournal``
+    is the smallest backend that has it.
+    """
+
+    #: Called by the backend after each durable commit with ``(latency_s, appends)``
+    #: (telemetry; a Runner sets it). None: nobody listens.
+    on_commit: Callable[[float, int], None] | None = None
+    #: Called by the backend as a commit is about to wait for its disk or server (see
+    #: ``about_to_sync``; a Runner sets it). None: nobody listens.
+    before_sync: Callable[[], None] | None = None
+
+    @property
+    def wait_limits(self) -> dict[str, float]:
+        """Run id -> the ``time.monotonic()`` by which that run's appends must be written or
+        fail, for a backend whose appends may wait for a lock another process holds (LMDB);
+        the runner sets an entry for a run with a deadline. This default keeps nothing: a
+        backend without such waits has nothing to bound."""
+        return {}
 
     @abc.abstractmethod
     def submit(self, run_id: str, expected_seq: int, events: Sequence[Event], done: Done,
@@ -259,6 +286,11 @@ class Journal(abc.ABC):
     def open_runs(self) -> Iterator[str]:
         """Ids of runs that have no RunFinished event (or were resumed since)."""
 
+    def infos(self) -> list[RunInfo]:
+        """Every run's index entry, oldest first (a backend may read them in one go; this
+        default asks ``find`` for each of ``runs``)."""
+        return [i for i in (self.find(r) for r in self.runs()) if i is not None]
+
     def open_infos(self) -> list[RunInfo]:
         """The index entries of the open runs, oldest first (a backend may read them in one
         go; this default asks ``find`` for each of ``open_runs``)."""
@@ -308,3 +340,31 @@ class Journal(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Chained(Journal):
+    """A journal that keeps a hash chain per run (``boundloop.journal.chain``), which
+    ``boundloop verify`` checks: LMDB's and PostgreSQL's."""
+
+    @abc.abstractmethod
+    def chain_head(self, run_id: str) -> bytes:
+        """Check the whole of run ``run_id`` (as ``read`` does) and return its chain head,
+        the link of its last record: an auditor who keeps it can later show the run's
+        records unchanged (``boundloop verify`` prints it in hex).
+
+        Raises:
+            UnknownRun: no run has that id.
+            JournalCorrupt: (a ``chain.ChainError``) naming the run and sequence number.
+        """
+
+    @abc.abstractmethod
+    def stored_head(self, run_id: str) -> bytes | None:
+        """The chain head the run's index entry keeps (unchecked), None when unreadable."""
+
+    @abc.abstractmethod
+    def indexed_run_ids(self) -> list[str]:
+        """Every run id in the run index, oldest first, whatever state the runs are in."""
+
+    @abc.abstractmethod
+    def recorded_run_ids(self) -> list[str]:
+        """Every run id that records are stored under, sorted."""

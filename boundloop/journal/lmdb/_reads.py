@@ -14,6 +14,7 @@ from boundloop.errors import (
     UnknownRun,
 )
 from boundloop.journal import chain, codec
+from boundloop.journal._core import check_chain_end
 from boundloop.journal.base import (
     OwnerRecord,
     RunInfo,
@@ -111,16 +112,7 @@ class _Reads:
                                            f"the record does not decode: {exc}") from None
                 out.append((expected, event))
                 expected += 1
-        if expected - 1 < last:
-            raise chain.ChainError(run_id, expected, f"the record is missing (the run's index "
-                                                     f"says it has {last})")
-        if expected - 1 > last:
-            raise chain.ChainError(run_id, last + 1, f"a record past the run's last (the "
-                                                     f"index says it has {last})")
-        if prev != info.head:
-            raise chain.ChainError(run_id, last, "the chain does not end at the head kept in "
-                                                 "the run's index (its last record was "
-                                                 "altered or replaced)")
+        check_chain_end(run_id, expected, last, prev, info.head)
         return out
 
     def chain_head(self, run_id: str) -> bytes:
