@@ -21,10 +21,11 @@ it is written once here, and a backend keeps only its transactions, tables and p
 from __future__ import annotations
 
 import contextlib
+import os
 import queue
 import secrets
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -39,20 +40,21 @@ from boundloop.errors import (
     SequenceConflict,
 )
 from boundloop.journal import chain, codec
-from boundloop.journal.base import Done, Fence, OwnerRecord, RunInfo, check_run_id, unforced_claim
+from boundloop.journal.base import (
+    Done,
+    Fence,
+    OwnerRecord,
+    RunInfo,
+    StoredIndex,
+    check_run_id,
+    unforced_claim,
+)
 from boundloop.owners import owner_alive
 
 __all__ = [
     "GroupCommit", "KeyBinding", "Plan", "Request", "StoredIndex", "check_chain_end",
-    "format_bytes", "plan_append", "stamp_wanted", "write_failure",
+    "format_bytes", "plan_append", "prune_runs", "stamp_wanted", "write_failure",
 ]
-
-
-class StoredIndex(RunInfo):
-    """A run's index entry as a backend stores it: its RunInfo and the head of its chain."""
-
-    #: The link of the run's last record (``chain.seed(run_id)`` before the first).
-    head: bytes = b""
 
 
 class Request(msgspec.Struct):
@@ -225,6 +227,28 @@ def stamp_wanted(version: int | None, journal: str, wanted: int, readonly: bool)
     return version < wanted and not readonly
 
 
+def prune_runs(infos: Iterable[RunInfo], finished_before: float, dry_run: bool,
+               keep: Callable[[RunInfo], bool] | None,
+               progress: Callable[[int, int | None], None] | None,
+               remove: Callable[[list[RunInfo]], Collection[str]]) -> list[str]:
+    """``Journal.prune`` over a backend's ``remove`` (which deletes the runs it is given
+    and returns the ids it deleted, checking again where it deletes that each finished
+    before the cut): the runs of ``infos`` that finished before ``finished_before`` and
+    that ``keep`` does not keep, removed unless ``dry_run``; ``progress`` hears of the
+    start and the end (``remove`` may tell it more in between)."""
+    victims = [i for i in infos
+               if i.finished_ts is not None and i.finished_ts < finished_before
+               and not (keep is not None and keep(i))]
+    if dry_run or not victims:
+        return [i.run_id for i in victims]
+    if progress is not None:
+        progress(0, len(victims))
+    gone = remove(victims)
+    if progress is not None:
+        progress(len(victims), len(victims))
+    return [i.run_id for i in victims if i.run_id in gone]
+
+
 def write_failure(exc: BaseException) -> JournalError:
     """What an error escaping a commit is to the appends it held."""
     if isinstance(exc, JournalError):
@@ -309,8 +333,31 @@ class GroupCommit:
     _closed: bool
     _writer: threading.Thread
 
-    def _usable(self, write: bool = False) -> None:
+    readonly: bool
+    #: The process that opened the journal: its threads and connections stay there.
+    pid: int
+
+    def _label(self) -> str:
+        """How messages name this journal ("the journal at PATH")."""
         raise NotImplementedError
+
+    def _forked(self) -> str:
+        """Why this journal cannot be used in a process forked from the one that opened it,
+        and what to do."""
+        raise NotImplementedError
+
+    def _usable(self, write: bool = False) -> None:
+        """Refuse an operation a closed, read-only (``write``) or inherited journal cannot do.
+
+        Raises:
+            JournalUnavailable: saying which, and what to do.
+        """
+        if write and self.readonly:
+            raise JournalUnavailable(f"{self._label()} was opened read-only")
+        if self._closed:
+            raise JournalUnavailable(f"{self._label()} is closed; open it again")
+        if os.getpid() != self.pid:
+            raise JournalUnavailable(self._forked())
 
     def _prepare(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
                  done: Done, fence: Fence | None) -> Request | None:
@@ -346,6 +393,11 @@ class GroupCommit:
             if req is not None:
                 with contextlib.suppress(Exception):
                     req.done(JournalUnavailable("the journal was closed before this append"))
+
+    @property
+    def closed(self) -> bool:
+        """True once closed."""
+        return self._closed
 
     def _stop_writer(self) -> bool:
         """Close's first half: mark the journal closed and let the writer end after what it

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from boundloop.errors import ConfigError, UnknownRun
+from boundloop.errors import ConfigError, JournalCorrupt, UnknownRun
 from boundloop.events import CallResolved, Event, OwnerClaimed
 
 # Defined with the liveness rules that read it; re-exported here, as part of the interface
@@ -19,9 +19,9 @@ from boundloop.events import CallResolved, Event, OwnerClaimed
 from boundloop.owners import OwnerRecord as OwnerRecord
 
 __all__ = [
-    "Chained", "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
-    "answer", "batches", "check_run_id", "drain", "is_claim", "unforced_claim",
-    "valid_run_id",
+    "Chained", "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "StoredIndex",
+    "Submission", "about_to_sync", "answer", "batches", "check_run_id", "drain", "is_claim",
+    "unforced_claim", "valid_run_id",
 ]
 
 #: Called by the journal's writer once an append is durable (None) or has failed.
@@ -342,11 +342,19 @@ class Journal(abc.ABC):
         self.close()
 
 
+class StoredIndex(RunInfo):
+    """A run's index entry as a chained backend stores it: its RunInfo and the head of its
+    hash chain."""
+
+    #: The link of the run's last record (``chain.seed(run_id)`` before the first).
+    head: bytes = b""
+
+
 class Chained(Journal):
     """A journal that keeps a hash chain per run (``boundloop.journal.chain``), which
-    ``boundloop verify`` checks: LMDB's and PostgreSQL's."""
+    ``boundloop verify`` checks: LMDB's and PostgreSQL's. ``find`` returns ``StoredIndex``
+    entries."""
 
-    @abc.abstractmethod
     def chain_head(self, run_id: str) -> bytes:
         """Check the whole of run ``run_id`` (as ``read`` does) and return its chain head,
         the link of its last record: an auditor who keeps it can later show the run's
@@ -356,10 +364,25 @@ class Chained(Journal):
             UnknownRun: no run has that id.
             JournalCorrupt: (a ``chain.ChainError``) naming the run and sequence number.
         """
+        if not valid_run_id(run_id):
+            raise UnknownRun(f"{run_id!r} cannot name a run")
+        head = self._checked_head(run_id)
+        if head is None:
+            raise UnknownRun(f"no run {run_id!r} in this journal; `boundloop runs` lists them")
+        return head
 
     @abc.abstractmethod
+    def _checked_head(self, run_id: str) -> bytes | None:
+        """Read the whole run, checked as ``read`` checks it, and return the head its index
+        entry keeps; None when there is no such run."""
+
     def stored_head(self, run_id: str) -> bytes | None:
         """The chain head the run's index entry keeps (unchecked), None when unreadable."""
+        try:
+            info = self.find(run_id)
+        except JournalCorrupt:
+            return None
+        return info.head if isinstance(info, StoredIndex) else None
 
     @abc.abstractmethod
     def indexed_run_ids(self) -> list[str]:

@@ -404,18 +404,11 @@ class LmdbJournal(_Writes, _Reads, KeyBinding, Chained):
     def _key_place(self) -> tuple[Path | None, str]:
         return self.path, str(self.path)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def _label(self) -> str:
+        return f"the journal at {self.path}"
 
-    def _usable(self, write: bool = False) -> None:
-        if write and self.readonly:
-            raise JournalUnavailable(f"the journal at {self.path} was opened read-only")
-        if self._closed:
-            raise JournalUnavailable(f"the journal at {self.path} is closed; open it again")
-        if os.getpid() != self.pid:
-            raise JournalUnavailable(
-                f"this journal was opened by process {self.pid}, the parent of this forked "
+    def _forked(self) -> str:
+        return (f"this journal was opened by process {self.pid}, the parent of this forked "
                 "process, and an LMDB journal cannot be used across fork(): open it again in "
                 "this process (bl.Runner(path), or boundloop.journal.lmdb.acquire(path))")
 
