@@ -13,6 +13,8 @@ it is written once here, and a backend keeps only its transactions, tables and p
   ``chain.COMPRESSED``) and which formats this version reads.
 - ``KeyBinding``: the redaction key's binding (SPEC 9): the journal's id and the key's
   fingerprint, recorded once, over two small primitives of the backend's meta table.
+- ``StoreBase``: refusing use once closed, read-only or inherited across fork(), and
+  preparing an append in the caller's thread.
 - ``GroupCommit``: the plumbing of a writer thread that commits queued appends in groups
   (preparing a request in the caller's thread, queueing it under the close lock, failing
   what is left at close).
@@ -52,7 +54,7 @@ from boundloop.journal.base import (
 from boundloop.owners import owner_alive
 
 __all__ = [
-    "GroupCommit", "KeyBinding", "Plan", "Request", "StoredIndex", "check_chain_end",
+    "GroupCommit", "KeyBinding", "StoreBase", "Plan", "Request", "StoredIndex", "check_chain_end",
     "format_bytes", "plan_append", "prune_runs", "stamp_wanted", "write_failure",
 ]
 
@@ -319,23 +321,18 @@ class KeyBinding(keys.KeyedJournal):
 
 
 # -- group commit ------------------------------------------------------------------------------
-class GroupCommit:
-    """A backend's writer plumbing: appends are prepared in the caller's thread, queued,
-    and committed in groups by one writer thread (``base.batches``), each group answered
-    with ``base.answer``. The backend sets up ``_queue``, ``_lock``, ``_closed``,
-    ``_writer`` and ``compress``, and gives ``_usable``."""
+class StoreBase:
+    """What every backend's journal object does alike: refusing use once closed, read-only
+    or inherited across fork() (``_usable``, over the backend's ``_label`` and
+    ``_forked``), ``closed``, and preparing an append (``_prepare``: checked and encoded
+    in the caller's thread). The backend sets ``compress``, ``readonly``, ``pid`` and
+    ``_closed``."""
 
     compress: bool
-    on_commit: Callable[[float, int], None] | None  # the values: base.Journal's hooks
-    before_sync: Callable[[], None] | None
-    _queue: queue.SimpleQueue[Request | None]
-    _lock: threading.Lock
-    _closed: bool
-    _writer: threading.Thread
-
     readonly: bool
     #: The process that opened the journal: its threads and connections stay there.
     pid: int
+    _closed: bool
 
     def _label(self) -> str:
         """How messages name this journal ("the journal at PATH")."""
@@ -359,6 +356,11 @@ class GroupCommit:
         if os.getpid() != self.pid:
             raise JournalUnavailable(self._forked())
 
+    @property
+    def closed(self) -> bool:
+        """True once closed."""
+        return self._closed
+
     def _prepare(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
                  done: Done, fence: Fence | None) -> Request | None:
         """The request of one append, encoded here; None once ``done`` has its error."""
@@ -371,6 +373,18 @@ class GroupCommit:
             with contextlib.suppress(Exception):  # a callback must not stop the others
                 done(exc)
             return None
+
+
+class GroupCommit(StoreBase):
+    """A backend's writer plumbing: appends are prepared in the caller's thread, queued,
+    and committed in groups by one writer thread (``base.batches``), each group answered
+    with ``base.answer``. The backend also sets up ``_queue``, ``_lock`` and ``_writer``."""
+
+    on_commit: Callable[[float, int], None] | None  # the values: base.Journal's hooks
+    before_sync: Callable[[], None] | None
+    _queue: queue.SimpleQueue[Request | None]
+    _lock: threading.Lock
+    _writer: threading.Thread
 
     def _enqueue(self, into: queue.SimpleQueue[Request | None], request: Request) -> None:
         try:
@@ -393,11 +407,6 @@ class GroupCommit:
             if req is not None:
                 with contextlib.suppress(Exception):
                     req.done(JournalUnavailable("the journal was closed before this append"))
-
-    @property
-    def closed(self) -> bool:
-        """True once closed."""
-        return self._closed
 
     def _stop_writer(self) -> bool:
         """Close's first half: mark the journal closed and let the writer end after what it

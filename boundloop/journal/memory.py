@@ -25,8 +25,8 @@ from boundloop import events as ev
 from boundloop import keys
 from boundloop.journal import chain
 from boundloop.journal._core import (
-    GroupCommit,
     Request,
+    StoreBase,
     check_records,
     plan_append,
     prune_runs,
@@ -64,7 +64,7 @@ _stores: dict[str, _Store] = {}
 _stores_lock = threading.Lock()
 
 
-class MemoryJournal(GroupCommit, Chained):
+class MemoryJournal(StoreBase, Chained):
     """A journal in memory (see the module's docstring).
 
     Args:

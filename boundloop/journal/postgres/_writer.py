@@ -275,7 +275,7 @@ class _Writes(GroupCommit):
                             [chain.seed(rid) for rid in create]))}
             for rid, order in made.items():
                 rows[rid] = StoredIndex(rid, order, created_ts=now, updated_ts=now,
-                                   head=chain.seed(rid))
+                                        head=chain.seed(rid))
                 fresh.add(rid)
             late = [rid for rid in create if rid not in made]
             if late:  # created by another writer meanwhile (and committed)
