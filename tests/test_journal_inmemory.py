@@ -57,3 +57,12 @@ def test_a_runner_times_its_commits_through_the_hooks() -> None:
     with bl.Runner(j) as runner:
         assert runner.run(model, [], "go", run_id="one").status == "final"
         assert j.on_commit is not None and j.on_commit.__self__ is runner.telemetry  # type: ignore[attr-defined]
+
+
+def test_a_runner_given_a_key_must_be_given_the_journal_s() -> None:
+    j = MemoryJournal()
+    model = bl.ScriptedModel([bl.Final("ok")])
+    with bl.Runner(j, redaction_key=j.secret_key) as runner:
+        assert runner.run(model, [], "go", run_id="one").status == "final"
+    with pytest.raises(bl.ConfigError, match="not the key of the journal"):
+        bl.Runner(MemoryJournal(), redaction_key=j.secret_key)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import hmac
 import queue
 import threading
 import time
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from boundloop import keys
 from boundloop.errors import ConfigError, JournalCorrupt, UnknownRun
 from boundloop.events import CallResolved, Event, OwnerClaimed
 
@@ -175,11 +177,12 @@ class Journal(abc.ABC):
     owner and epoch), ``read``, ``find``, ``runs``, ``open_runs``, ``put_owner``,
     ``owners``, ``remove_owner``, ``prune``, ``secret_key``, ``close`` and ``closed``.
     Everything else has a default written on those: ``submit_many``, ``append``,
-    ``events``, ``info``, ``infos``, ``open_infos``, and the hooks a runner sets or reads
-    (``on_commit``, ``before_sync``, ``wait_limits``), which a backend without commits to
-    time or lock waits to bound leaves as they are. ``boundloop.testing.JournalContract``
-    is the behaviour every backend must have; ``boundloop.journal.memory.MemoryJournal``
-    is the smallest backend that has it.
+    ``events``, ``info``, ``infos``, ``open_infos``, ``bind_key``, and the hooks a runner
+    sets or reads (``on_commit``, ``before_sync``, ``wait_limits``), which a backend
+    without commits to time or lock waits to bound leaves as they are. Nothing else in
+    the package asks a journal for more (``Chained`` adds what ``boundloop verify``
+    needs). ``boundloop.testing.JournalContract`` is the behaviour every backend must
+    have; ``boundloop.journal.memory.MemoryJournal`` is the smallest backend that has it.
     """
 
     #: Called by the backend after each durable commit with ``(latency_s, appends)``
@@ -188,6 +191,26 @@ class Journal(abc.ABC):
     #: Called by the backend as a commit is about to wait for its disk or server (see
     #: ``about_to_sync``; a Runner sets it). None: nobody listens.
     before_sync: Callable[[], None] | None = None
+
+    def bind_key(self, source: keys.KeySource | None) -> bytes | None:
+        """Take the redaction key a Runner is given (``bl.Runner(redaction_key=...)``).
+
+        A backend that resolves keys itself (``keys.KeyedJournal``: LMDB, PostgreSQL)
+        finds, checks and records it. This default has a key of its own (``secret_key``):
+        a key given must be that one. Returns the key when one was given, else None.
+
+        Raises:
+            ConfigError: the key given is not this journal's.
+        """
+        given = keys.given_key(source, env=False)
+        if given is None:
+            return None
+        key = self.secret_key
+        if not hmac.compare_digest(keys.fingerprint(given[0]), keys.fingerprint(key)):
+            raise ConfigError(f"the redaction key from {given[1]} is not the key of the "
+                              f"journal {self!r}; give the journal itself that key, or give "
+                              "the runner the journal's key")
+        return key
 
     @property
     def wait_limits(self) -> dict[str, float]:
