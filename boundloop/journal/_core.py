@@ -7,8 +7,9 @@ it is written once here, and a backend keeps only its transactions, tables and p
   a live owner, the run's chain head), the run's index entry after it (owner, epoch,
   status, open or not) and its records with their hash-chain links. It writes nothing: a
   backend writes the plan in the transaction it checked it in, or stores nothing.
-- ``check_chain_end``: the end of a read's chain check (every record there, none past the
-  last, the chain ending at the head the index keeps).
+- ``check_records`` and ``check_chain_end``: a read's chain check (a dense sequence, every
+  link, the chain ending at the head the index keeps); LMDB inlines the per-record half.
+- ``prune_runs``: which runs a prune removes, around the backend's delete.
 - ``stamp_wanted`` and ``format_bytes``: the record format stamp (``chain.FORMAT``,
   ``chain.COMPRESSED``) and which formats this version reads.
 - ``KeyBinding``: the redaction key's binding (SPEC 9): the journal's id and the key's
@@ -16,8 +17,8 @@ it is written once here, and a backend keeps only its transactions, tables and p
 - ``StoreBase``: refusing use once closed, read-only or inherited across fork(), and
   preparing an append in the caller's thread.
 - ``GroupCommit``: the plumbing of a writer thread that commits queued appends in groups
-  (preparing a request in the caller's thread, queueing it under the close lock, failing
-  what is left at close).
+  (queueing a request under the close lock, stopping the writer, failing what is left at
+  close); ``write_failure`` is what an error escaping a commit is to its appends.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ from boundloop.journal.base import (
 from boundloop.owners import owner_alive
 
 __all__ = [
-    "GroupCommit", "KeyBinding", "StoreBase", "Plan", "Request", "StoredIndex", "check_chain_end",
-    "format_bytes", "plan_append", "prune_runs", "stamp_wanted", "write_failure",
+    "GroupCommit", "KeyBinding", "Plan", "Request", "StoreBase", "StoredIndex",
+    "check_chain_end", "check_records", "format_bytes", "plan_append", "prune_runs",
+    "stamp_wanted", "write_failure",
 ]
 
 

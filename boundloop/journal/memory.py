@@ -87,7 +87,8 @@ class MemoryJournal(StoreBase, Chained):
 
     @classmethod
     def discard(cls, name: str) -> None:
-        """Forget the store ``name`` (journals open on it keep it until they close)."""
+        """Forget the store ``name``: the next ``MemoryJournal(name)`` starts empty (journals
+        open on it now keep using it)."""
         with _stores_lock:
             _stores.pop(name, None)
 
@@ -220,6 +221,7 @@ class MemoryJournal(StoreBase, Chained):
                             and info.finished_ts < finished_before:
                         del self._store.infos[info.run_id]
                         self._store.records.pop(info.run_id, None)
+                        self._store.open.discard(info.run_id)
                         gone.append(info.run_id)
             return gone
 
