@@ -437,23 +437,14 @@ def _peek_state_key(path: Path) -> bytes | None:
 
 
 def bind(journal: Any, source: KeySource | None) -> None:
-    """Give ``journal`` the runner's key: a journal that resolves keys itself
-    (``bind_key``, as LmdbJournal) is handed ``source``; any other journal must already
-    hold the same key when ``source`` is given.
+    """Give ``journal`` the runner's key (``Journal.bind_key``: a journal that resolves keys
+    itself, as LmdbJournal, is handed ``source``; any other must already hold the same key
+    when ``source`` is given).
 
     Raises:
         ConfigError: the key is refused or is not the journal's.
     """
-    bind_key = getattr(journal, "bind_key", None)
-    if callable(bind_key):
-        bind_key(source)
-        return
-    given = given_key(source, env=False)
-    if given is not None and not hmac.compare_digest(fingerprint(given[0]),
-                                                     fingerprint(journal.secret_key)):
-        raise ConfigError(f"the redaction key from {given[1]} is not the key of the journal "
-                          f"{journal!r}; give the journal itself that key, or give the runner "
-                          "the journal's key")
+    journal.bind_key(source)
 
 
 # -- the old key file ------------------------------------------------------------------------

@@ -187,10 +187,8 @@ class Runner(Submitting, People):
             raise ConfigError(f"telemetry must be a bl.Telemetry, got {telemetry!r}")
         self.telemetry = telemetry if telemetry is not None else Telemetry()
         journal = self._journal
-        if hasattr(journal, "on_commit"):  # both backends time their commits
-            journal.on_commit = self.telemetry.journal_commit
-        if hasattr(journal, "before_sync"):  # and say when they wait for the disk
-            journal.before_sync = self.telemetry.before_sync
+        journal.on_commit = self.telemetry.journal_commit  # a backend times its commits
+        journal.before_sync = self.telemetry.before_sync  # and says when it waits for the disk
         self._workers = Workers(model_threads, tool_threads, self.clock, max_threads)
         self._executor = ExecutorActor.start(self._workers, self.telemetry)
         self._budget = BudgetActor.start()

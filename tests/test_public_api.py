@@ -179,9 +179,10 @@ MODULE_ALL: dict[str, set[str]] = {
         "resolve_execution_id"},
     "boundloop.journal": {"Journal", "LmdbJournal", "OwnerRecord", "RunInfo"},
     "boundloop.journal.base": {
-        "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
-        "answer", "batches", "check_run_id", "drain", "is_claim", "unforced_claim",
-        "valid_run_id"},
+        "Chained", "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "StoredIndex",
+        "Submission", "about_to_sync", "answer", "batches", "check_run_id", "drain", "is_claim",
+        "unforced_claim", "valid_run_id"},
+    "boundloop.journal.memory": {"MemoryJournal"},
     "boundloop.journal.postgres": {
         "PostgresJournal", "SCHEMA_VERSION", "SCHEMES", "is_url", "open_url", "url_scheme"},
     "boundloop.mcp": {"McpToolError", "mcp_tools"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import hmac
 import queue
 import threading
 import time
@@ -11,7 +12,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from boundloop.errors import ConfigError, UnknownRun
+from boundloop import keys
+from boundloop.errors import ConfigError, JournalCorrupt, UnknownRun
 from boundloop.events import CallResolved, Event, OwnerClaimed
 
 # Defined with the liveness rules that read it; re-exported here, as part of the interface
@@ -19,9 +21,9 @@ from boundloop.events import CallResolved, Event, OwnerClaimed
 from boundloop.owners import OwnerRecord as OwnerRecord
 
 __all__ = [
-    "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "Submission", "about_to_sync",
-    "answer", "batches", "check_run_id", "drain", "is_claim", "unforced_claim",
-    "valid_run_id",
+    "Chained", "Done", "Fence", "Journal", "OwnerRecord", "RunInfo", "StoredIndex",
+    "Submission", "about_to_sync", "answer", "batches", "check_run_id", "drain", "is_claim",
+    "unforced_claim", "valid_run_id",
 ]
 
 #: Called by the journal's writer once an append is durable (None) or has failed.
@@ -168,7 +170,55 @@ def batches(requests: queue.SimpleQueue[T | None], limit: int) -> Iterator[list[
 
 
 class Journal(abc.ABC):
-    """An append-only log of events per run, with an index of runs and their owners."""
+    """An append-only log of events per run, with an index of runs and their owners: the
+    store protocol, the one place that lists what a backend is (DESIGN rule 5).
+
+    A backend must implement: ``submit`` (append after an expected sequence, fenced by
+    owner and epoch), ``read``, ``find``, ``runs``, ``open_runs``, ``put_owner``,
+    ``owners``, ``remove_owner``, ``prune``, ``secret_key``, ``close`` and ``closed``.
+    Everything else has a default written on those: ``submit_many``, ``append``,
+    ``events``, ``info``, ``infos``, ``open_infos``, ``bind_key``, and the hooks a runner
+    sets or reads (``on_commit``, ``before_sync``, ``wait_limits``), which a backend
+    without commits to time or lock waits to bound leaves as they are. Nothing else in
+    the package asks a journal for more (``Chained`` adds what ``boundloop verify``
+    needs). ``boundloop.testing.JournalContract`` is the behaviour every backend must
+    have; ``boundloop.journal.memory.MemoryJournal`` is the smallest backend that has it.
+    """
+
+    #: Called by the backend after each durable commit with ``(latency_s, appends)``
+    #: (telemetry; a Runner sets it). None: nobody listens.
+    on_commit: Callable[[float, int], None] | None = None
+    #: Called by the backend as a commit is about to wait for its disk or server (see
+    #: ``about_to_sync``; a Runner sets it). None: nobody listens.
+    before_sync: Callable[[], None] | None = None
+
+    def bind_key(self, source: keys.KeySource | None) -> bytes | None:
+        """Take the redaction key a Runner is given (``bl.Runner(redaction_key=...)``).
+
+        A backend that resolves keys itself (``keys.KeyedJournal``: LMDB, PostgreSQL)
+        finds, checks and records it. This default has a key of its own (``secret_key``):
+        a key given must be that one. Returns the key when one was given, else None.
+
+        Raises:
+            ConfigError: the key given is not this journal's.
+        """
+        given = keys.given_key(source, env=False)
+        if given is None:
+            return None
+        key = self.secret_key
+        if not hmac.compare_digest(keys.fingerprint(given[0]), keys.fingerprint(key)):
+            raise ConfigError(f"the redaction key from {given[1]} is not the key of the "
+                              f"journal {self!r}; give the journal itself that key, or give "
+                              "the runner the journal's key")
+        return key
+
+    @property
+    def wait_limits(self) -> dict[str, float]:
+        """Run id -> the ``time.monotonic()`` by which that run's appends must be written or
+        fail, for a backend whose appends may wait for a lock another process holds (LMDB);
+        the runner sets an entry for a run with a deadline. This default keeps nothing: a
+        backend without such waits has nothing to bound."""
+        return {}
 
     @abc.abstractmethod
     def submit(self, run_id: str, expected_seq: int, events: Sequence[Event], done: Done,
@@ -259,6 +309,11 @@ class Journal(abc.ABC):
     def open_runs(self) -> Iterator[str]:
         """Ids of runs that have no RunFinished event (or were resumed since)."""
 
+    def infos(self) -> list[RunInfo]:
+        """Every run's index entry, oldest first (a backend may read them in one go; this
+        default asks ``find`` for each of ``runs``)."""
+        return [i for i in (self.find(r) for r in self.runs()) if i is not None]
+
     def open_infos(self) -> list[RunInfo]:
         """The index entries of the open runs, oldest first (a backend may read them in one
         go; this default asks ``find`` for each of ``open_runs``)."""
@@ -308,3 +363,54 @@ class Journal(abc.ABC):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StoredIndex(RunInfo):
+    """A run's index entry as a chained backend stores it: its RunInfo and the head of its
+    hash chain."""
+
+    #: The link of the run's last record (``chain.seed(run_id)`` before the first).
+    head: bytes = b""
+
+
+class Chained(Journal):
+    """A journal that keeps a hash chain per run (``boundloop.journal.chain``), which
+    ``boundloop verify`` checks: LMDB's and PostgreSQL's. ``find`` returns ``StoredIndex``
+    entries."""
+
+    def chain_head(self, run_id: str) -> bytes:
+        """Check the whole of run ``run_id`` (as ``read`` does) and return its chain head,
+        the link of its last record: an auditor who keeps it can later show the run's
+        records unchanged (``boundloop verify`` prints it in hex).
+
+        Raises:
+            UnknownRun: no run has that id.
+            JournalCorrupt: (a ``chain.ChainError``) naming the run and sequence number.
+        """
+        if not valid_run_id(run_id):
+            raise UnknownRun(f"{run_id!r} cannot name a run")
+        head = self._checked_head(run_id)
+        if head is None:
+            raise UnknownRun(f"no run {run_id!r} in this journal; `boundloop runs` lists them")
+        return head
+
+    @abc.abstractmethod
+    def _checked_head(self, run_id: str) -> bytes | None:
+        """Read the whole run, checked as ``read`` checks it, and return the head its index
+        entry keeps; None when there is no such run."""
+
+    def stored_head(self, run_id: str) -> bytes | None:
+        """The chain head the run's index entry keeps (unchecked), None when unreadable."""
+        try:
+            info = self.find(run_id)
+        except JournalCorrupt:
+            return None
+        return info.head if isinstance(info, StoredIndex) else None
+
+    @abc.abstractmethod
+    def indexed_run_ids(self) -> list[str]:
+        """Every run id in the run index, oldest first, whatever state the runs are in."""
+
+    @abc.abstractmethod
+    def recorded_run_ids(self) -> list[str]:
+        """Every run id that records are stored under, sorted."""

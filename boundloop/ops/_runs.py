@@ -165,10 +165,7 @@ def _summary(journal: Journal, info: RunInfo, owners: dict[str, OwnerRecord],
 
 def _infos(journal: Journal) -> list[RunInfo]:
     """Every run's index entry (no event is read)."""
-    infos = getattr(journal, "infos", None)
-    if callable(infos):
-        return list(infos())
-    return [i for i in (journal.find(r) for r in journal.runs()) if i is not None]
+    return journal.infos()
 
 
 def list_runs(journal: Journal, *, status: Iterable[str] = (), limit_hit: Iterable[str] = (),

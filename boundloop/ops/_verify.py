@@ -66,11 +66,11 @@ def _chain_reports(journal: Journal, run_ids: Sequence[str] = (), listed: Any = 
     but no index entry), then (``indexes``, by default when no ids are given) of the
     indexes; ``listed`` is called with the ids first."""
     from boundloop.journal import chain
-    from boundloop.journal.lmdb import LmdbJournal
+    from boundloop.journal.base import Chained
 
-    if not isinstance(journal, LmdbJournal) and not hasattr(journal, "chain_head"):
+    if not isinstance(journal, Chained):
         raise ConfigError("this journal keeps no hash chain to verify")
-    chained: Any = journal  # LMDB or PostgreSQL: both keep the chain
+    chained = journal
     # A unique prefix names a run; an unknown id is reported by _check_runs.
     run_ids = [_resolve_or_keep(chained, r) for r in run_ids]
     ids = list(run_ids) if run_ids or not runs else chained.indexed_run_ids()

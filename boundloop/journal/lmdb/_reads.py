@@ -6,14 +6,14 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from boundloop import events as ev
 from boundloop.errors import (
     JournalCorrupt,
-    UnknownRun,
 )
 from boundloop.journal import chain, codec
+from boundloop.journal._core import check_chain_end, prune_runs
 from boundloop.journal.base import (
     OwnerRecord,
     RunInfo,
@@ -24,7 +24,6 @@ from boundloop.journal.lmdb._records import (
     _SEP,
     _decode_index,
     _ekey,
-    _Index,
     _info_enc,
     _names,
     _owner_dec,
@@ -111,37 +110,15 @@ class _Reads:
                                            f"the record does not decode: {exc}") from None
                 out.append((expected, event))
                 expected += 1
-        if expected - 1 < last:
-            raise chain.ChainError(run_id, expected, f"the record is missing (the run's index "
-                                                     f"says it has {last})")
-        if expected - 1 > last:
-            raise chain.ChainError(run_id, last + 1, f"a record past the run's last (the "
-                                                     f"index says it has {last})")
-        if prev != info.head:
-            raise chain.ChainError(run_id, last, "the chain does not end at the head kept in "
-                                                 "the run's index (its last record was "
-                                                 "altered or replaced)")
+        check_chain_end(run_id, expected, last, prev, info.head)
         return out
 
-    def chain_head(self, run_id: str) -> bytes:
-        """Check the whole of run ``run_id`` (as ``read`` does) and return its chain head,
-        the link of its last record: an auditor who keeps it can later show the run's
-        records unchanged (``boundloop verify`` prints it in hex).
-
-        Raises:
-            UnknownRun: no run has that id.
-            JournalCorrupt: (a ``chain.ChainError``) naming the run and sequence number.
-        """
+    def _checked_head(self, run_id: str) -> bytes | None:
         self._usable()
-        if not valid_run_id(run_id):
-            raise UnknownRun(f"{run_id!r} cannot name a run")
         with _guarded(f"run {run_id!r}"), self._txn() as txn:
             self._read_in(txn, run_id, 0)
             raw = txn.get(run_id.encode(), db=self._runs)
-            if raw is None:
-                raise UnknownRun(f"no run {run_id!r} in this journal; `boundloop runs` lists "
-                                 "them")
-            return _decode_index(run_id, raw).head
+            return None if raw is None else _decode_index(run_id, raw).head
 
     def indexed_run_ids(self) -> list[str]:
         """Every run id in the indexes (the order index's, oldest first, then any other run
@@ -170,14 +147,6 @@ class _Reads:
                 found.append(rid)
                 more = cur.set_range(rid + b"\x01")  # past every key of that run
         return _names(found)
-
-    def stored_head(self, run_id: str) -> bytes | None:
-        """The chain head the run's index entry keeps (unchecked), None when unreadable."""
-        try:
-            info = self.find(run_id)
-        except JournalCorrupt:
-            return None
-        return None if info is None else cast(_Index, info).head
 
     def find(self, run_id: str) -> RunInfo | None:
         self._usable()
@@ -270,27 +239,21 @@ class _Reads:
     def prune(self, finished_before: float, dry_run: bool = False,
               keep: Callable[[RunInfo], bool] | None = None, *,
               progress: Callable[[int, int | None], None] | None = None) -> list[str]:
-        victims = [i for i in self.infos()
-                   if i.finished_ts is not None and i.finished_ts < finished_before
-                   and not (keep is not None and keep(i))]
-        if dry_run or not victims:
-            return [i.run_id for i in victims]
+        def remove(victims: list[RunInfo]) -> set[str]:
+            def delete(txn: Any) -> None:
+                for n, info in enumerate(victims):
+                    if progress is not None and n and n % 256 == 0:
+                        progress(n, len(victims))
+                    prefix = info.run_id.encode() + _SEP
+                    cur = txn.cursor(db=self._events)
+                    if cur.set_range(prefix):
+                        while cur.key().startswith(prefix):
+                            if not cur.delete():
+                                break
+                    txn.delete(info.run_id.encode(), db=self._runs)
+                    txn.delete(info.order.to_bytes(8, "big"), db=self._order)
 
-        def delete(txn: Any) -> None:
-            for n, info in enumerate(victims):
-                if progress is not None and n % 256 == 0:
-                    progress(n, len(victims))
-                prefix = info.run_id.encode() + _SEP
-                cur = txn.cursor(db=self._events)
-                if cur.set_range(prefix):
-                    while cur.key().startswith(prefix):
-                        if not cur.delete():
-                            break
-                txn.delete(info.run_id.encode(), db=self._runs)
-                txn.delete(info.order.to_bytes(8, "big"), db=self._order)
+            self._write(delete)
+            return {i.run_id for i in victims}
 
-        self._write(delete)
-        if progress is not None:
-            progress(len(victims), len(victims))
-        return [i.run_id for i in victims]
-
+        return prune_runs(self.infos(), finished_before, dry_run, keep, progress, remove)

@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import msgspec
 
-from boundloop import events as ev
 from boundloop.journal import chain
-from boundloop.journal.base import (
-    Done,
-    Fence,
-    OwnerRecord,
-    RunInfo,
-)
+from boundloop.journal._core import Request, StoredIndex
+from boundloop.journal.base import OwnerRecord
 
 _SEP = b"\x00"
 
 
-class _Index(RunInfo):
-    """A run's index entry as stored: its RunInfo and the head of its hash chain."""
-
-    #: The link of the run's last record (``chain.seed(run_id)`` before the first).
-    head: bytes = b""
+#: A run's index entry as stored: its RunInfo and the head of its hash chain.
+_Index = StoredIndex
+#: A queued append.
+_Request = Request
 
 
 _info_enc = msgspec.msgpack.Encoder()
@@ -32,8 +24,7 @@ _owner_dec = msgspec.msgpack.Decoder(OwnerRecord)
 _FORMAT_KEY = b"format"
 _TABLES = (b"events", b"runs", b"order", b"open", b"owners", b"meta")
 
-
-
+#: The old key file inside a journal directory (``keys.legacy_key_file``; it is
 #: not chmod-ed here, so its mode still says whether someone else could have written it).
 KEY_FILE = "redaction.key"
 #: The files a journal directory holds; only these are given mode 0600.
@@ -81,14 +72,3 @@ def _decode_index(run_id: str, raw: bytes) -> _Index:
     if info.run_id != run_id:
         raise chain.ChainError(run_id, 0, f"the run's index entry names run {info.run_id!r}")
     return info
-
-
-class _Request(msgspec.Struct):
-    run_id: str
-    expected_seq: int
-    events: Sequence[ev.Event]
-    encoded: list[bytes]
-    done: Done
-    fence: Fence | None = None
-
-

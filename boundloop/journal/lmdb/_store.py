@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import os
 import queue
-import secrets
 import struct
 import threading
 import time
@@ -25,14 +23,9 @@ from boundloop.errors import (
     JournalError,
     JournalUnavailable,
 )
-from boundloop.journal import chain, codec
-from boundloop.journal.base import (
-    Done,
-    Fence,
-    Journal,
-    Submission,
-    check_run_id,
-)
+from boundloop.journal import chain
+from boundloop.journal._core import KeyBinding, format_bytes, stamp_wanted
+from boundloop.journal.base import Chained, Done, Fence, Submission
 from boundloop.journal.lmdb import _lock
 from boundloop.journal.lmdb._errors import (
     _DAMAGE,
@@ -60,7 +53,7 @@ from boundloop.journal.lmdb._records import (
 from boundloop.journal.lmdb._writer import _Writes
 
 
-class LmdbJournal(_Writes, _Reads, keys.KeyedJournal, Journal):
+class LmdbJournal(_Writes, _Reads, KeyBinding, Chained):
     """A journal in an LMDB environment in directory ``path`` (created ``0700`` if absent).
 
     Args:
@@ -281,7 +274,7 @@ class LmdbJournal(_Writes, _Reads, keys.KeyedJournal, Journal):
             with self._env.begin(write=True) as txn:
                 raw = txn.get(_FORMAT_KEY, db=self._meta)
                 if raw is None and not txn.stat(self._events)["entries"]:
-                    txn.put(_FORMAT_KEY, self._format.to_bytes(4, "big"), db=self._meta)
+                    txn.put(_FORMAT_KEY, format_bytes(self._format), db=self._meta)
                     return
         if raw is None:
             if empty:
@@ -294,17 +287,11 @@ class LmdbJournal(_Writes, _Reads, keys.KeyedJournal, Journal):
                 "journal")
         if len(raw) != 4:
             raise _bad_file(self.path / "data.mdb", "has a damaged format record")
-        version = int.from_bytes(raw, "big")
-        if version not in chain.READS:
-            raise JournalUnavailable(
-                f"the journal at {self.path} has record format {version}, and this boundloop "
-                f"reads formats {', '.join(map(str, chain.READS))} only: "
-                + ("upgrade boundloop to read it" if version > chain.COMPRESSED else
-                   "it was written by an older boundloop; read it with that version"))
-        if version < self._format and not self.readonly:
+        if stamp_wanted(int.from_bytes(raw, "big"), f"the journal at {self.path}",
+                        self._format, self.readonly):
             self._check_lock()
             with self._env.begin(write=True) as txn:
-                txn.put(_FORMAT_KEY, self._format.to_bytes(4, "big"), db=self._meta)
+                txn.put(_FORMAT_KEY, format_bytes(self._format), db=self._meta)
 
     def _hold_lock_file(self) -> None:
         """Hold a shared ``flock`` on ``lock.mdb`` while open, and note which file it is.
@@ -393,79 +380,35 @@ class LmdbJournal(_Writes, _Reads, keys.KeyedJournal, Journal):
         if self._lock_lost:
             raise JournalUnavailable(self._lock_lost)
 
-    # -- keys and lifecycle ------------------------------------------------------------
-    # -- the redaction key (boundloop.keys finds and keeps it; the journal keeps only its
-    # fingerprint and its own id, in the meta table) ------------------------------------
+    # -- the redaction key (KeyBinding; the meta table keeps the journal's id and the
+    # key's fingerprint) ------------------------------------------------------------------
     _key_lock = threading.Lock()
+    #: A damaged or unreadable meta table leaves a reader with a random key.
+    _key_read_errors = (JournalCorrupt, lmdb.Error)
 
-    def _key_meta(self, txn: Any) -> tuple[str | None, str | None]:
-        where = str(self.path)
-        return (keys.journal_id_of(txn.get(keys.META_JOURNAL_ID, db=self._meta), where),
-                keys.fingerprint_of(txn.get(keys.META_FINGERPRINT, db=self._meta), where))
+    def _meta_get(self) -> tuple[bytes | None, bytes | None]:
+        with self._txn(self._meta) as txn:
+            return (txn.get(keys.META_JOURNAL_ID, db=self._meta),
+                    txn.get(keys.META_FINGERPRINT, db=self._meta))
 
-    def _read_key(self) -> bytes:
-        """A read-only open's key: the journal's when it can be found (``keys.find``), else
-        a random key of this open's own, so nothing it digests (an export) can be confirmed
-        by anyone or matches the journal's digests. Creates and writes nothing."""
-        try:
-            with self._txn(self._meta) as txn:
-                journal_id, recorded = self._key_meta(txn)
-        except (JournalCorrupt, lmdb.Error):
-            journal_id = recorded = None
-        found = keys.find(journal_id, recorded)
-        return found if found is not None else secrets.token_bytes(keys.MIN_KEY_BYTES)
+    def _meta_add(self, name: bytes, value: bytes) -> tuple[bytes | None, bytes | None, bool]:
+        def add(txn: Any) -> tuple[bytes | None, bytes | None, bool]:
+            if txn.get(name, db=self._meta) is None:
+                txn.put(name, value, db=self._meta)
+            return (txn.get(keys.META_JOURNAL_ID, db=self._meta),
+                    txn.get(keys.META_FINGERPRINT, db=self._meta),
+                    txn.get(b"order", db=self._meta) is not None)
 
-    def _load_key(self, source: keys.KeySource | None = None) -> bytes:
-        """A writer's key (``keys.resolve``): the journal gets an id at its first key, and
-        the key's fingerprint is recorded once; a key with another fingerprint is refused."""
-        if self.readonly:
-            given = keys.given_key(source, self.path)
-            if given is None:
-                return self._read_key()
-            with self._txn(self._meta) as txn:
-                journal_id, recorded = self._key_meta(txn)
-            keys.check_fingerprint(given[0], recorded, given[1], str(self.path), journal_id)
-            return given[0]
-
-        def ids(txn: Any) -> tuple[str, str | None, bool]:
-            journal_id, recorded = self._key_meta(txn)
-            if journal_id is None:
-                journal_id = keys.new_journal_id()
-                txn.put(keys.META_JOURNAL_ID, journal_id.encode(), db=self._meta)
-            # A run was ever appended (an older version's journal may have its key inside).
-            return journal_id, recorded, txn.get(b"order", db=self._meta) is not None
-
-        journal_id, recorded, has_runs = self._write(ids)
-        key = keys.resolve(source, journal_id=journal_id, recorded=recorded,
-                           journal_dir=self.path, has_runs=has_runs)
-        if recorded is None:
-            def record(txn: Any) -> str | None:
-                first = self._key_meta(txn)[1]
-                if first is None:
-                    txn.put(keys.META_FINGERPRINT, keys.fingerprint(key).encode(),
-                            db=self._meta)
-                return first
-
-            # Another process may have recorded its key meanwhile: then it must be this one.
-            raced = self._write(record)
-            keys.check_fingerprint(key, raced, "this runner", str(self.path), journal_id)
-        return key
+        return self._write(add)  # type: ignore[no-any-return]
 
     def _key_place(self) -> tuple[Path | None, str]:
         return self.path, str(self.path)
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
+    def _label(self) -> str:
+        return f"the journal at {self.path}"
 
-    def _usable(self, write: bool = False) -> None:
-        if write and self.readonly:
-            raise JournalUnavailable(f"the journal at {self.path} was opened read-only")
-        if self._closed:
-            raise JournalUnavailable(f"the journal at {self.path} is closed; open it again")
-        if os.getpid() != self.pid:
-            raise JournalUnavailable(
-                f"this journal was opened by process {self.pid}, the parent of this forked "
+    def _forked(self) -> str:
+        return (f"this journal was opened by process {self.pid}, the parent of this forked "
                 "process, and an LMDB journal cannot be used across fork(): open it again in "
                 "this process (bl.Runner(path), or boundloop.journal.lmdb.acquire(path))")
 
@@ -476,13 +419,8 @@ class LmdbJournal(_Writes, _Reads, keys.KeyedJournal, Journal):
             # closed this copy, or leaves it): nothing here to wait for or to close.
             self._closed = True
             return
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        self._queue.put(None)
-        if self._writer.is_alive() and threading.current_thread() is not self._writer:
-            self._writer.join()  # its last commit ends before the environment does
+        if not self._stop_writer():  # its last commit ends before the environment does
+            return
         with self._gate.exclusive():  # and so does every commit and read in flight
             self._env.close()
             self._release_lock_file()  # after the environment: see _hold_lock_file
@@ -511,21 +449,6 @@ class LmdbJournal(_Writes, _Reads, keys.KeyedJournal, Journal):
             if request is not None:
                 self._enqueue(self._direct, request)
         self._lead()
-
-    def _prepare(self, run_id: str, expected_seq: int, events: Sequence[ev.Event],
-                 done: Done, fence: Fence | None) -> _Request | None:
-        try:
-            check_run_id(run_id)
-            events = list(events)
-            # Encoded here, in the caller's thread: the writer only writes, and an event
-            # that cannot be stored fails its own append, never the writer.
-            encoded = codec.stored(events, run_id, self.compress)
-            return _Request(run_id, expected_seq, events, encoded, done, fence)
-        except Exception as exc:
-            with contextlib.suppress(Exception):  # a callback must not stop the others
-                done(exc)
-            return None
-
 
 
 #: Every journal open in this process, by real path (LMDB allows one environment each).

@@ -7,27 +7,24 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import lmdb
 
-from boundloop import events as ev
 from boundloop.errors import (
     JournalCorrupt,
-    JournalError,
     JournalUnavailable,
-    LeaseLost,
-    SequenceConflict,
 )
 from boundloop.journal import chain
+from boundloop.journal._core import GroupCommit, plan_append, write_failure
 from boundloop.journal.base import (
+    OwnerRecord,
     about_to_sync,
     answer,
     batches,
     drain,
-    unforced_claim,
 )
 from boundloop.journal.lmdb import _lock
 from boundloop.journal.lmdb._errors import _lmdb_error
@@ -42,15 +39,13 @@ from boundloop.journal.lmdb._records import (
     _SEP,
     MAX_BATCH,
     _decode_index,
-    _Index,
     _info_enc,
     _owner_dec,
     _Request,
 )
-from boundloop.owners import owner_alive
 
 
-class _Writes:
+class _Writes(GroupCommit):
     """LmdbJournal's appends (a part of the class)."""
 
     if TYPE_CHECKING:  # set up by LmdbJournal.__init__
@@ -75,20 +70,6 @@ class _Writes:
 
         def _check_lock(self) -> None: ...
         def _usable(self, write: bool = False) -> None: ...
-
-    def _enqueue(self, into: queue.SimpleQueue[_Request | None], request: _Request) -> None:
-        try:
-            # Under the lock, so close() cannot slip in between the check and the put: a
-            # request queued before close's sentinel is always answered.
-            with self._lock:
-                self._usable(write=True)
-                into.put(request)
-        except lmdb.Error as exc:
-            with contextlib.suppress(Exception):
-                request.done(_lmdb_error(exc))
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                request.done(exc)
 
     def _lead(self) -> None:
         """Commit what ``submit_many`` queued, unless another thread is committing: it
@@ -123,15 +104,6 @@ class _Writes:
                     self._contended = False  # nothing handed over waits any more
             self._lead()
         self._fail_pending()
-
-    def _fail_pending(self) -> None:
-        while True:
-            try:
-                req = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if req is not None:
-                req.done(JournalUnavailable("the journal was closed before this append"))
 
     # -- map size ------------------------------------------------------------------------
     def _used_fraction(self) -> float:
@@ -188,12 +160,6 @@ class _Writes:
         process open meanwhile, hence the exclusive gate)."""
         with self._gate.exclusive():
             self._env.set_mapsize(0)
-
-    #: Called by the writer after each durable commit: ``(latency_s, appends)`` (telemetry).
-    on_commit: Callable[[float, int], None] | None = None
-    #: Called by the writer as a commit's sync is about to start (telemetry, see
-    #: ``journal.base.before_sync``).
-    before_sync: Callable[[], None] | None = None
 
     @property
     def wait_limits(self) -> dict[str, float]:
@@ -264,11 +230,8 @@ class _Writes:
             outcomes = [err] * len(batch)
         except lmdb.Error as exc:
             outcomes = [_lmdb_error(exc)] * len(batch)
-        except JournalError as exc:
-            outcomes = [exc] * len(batch)
         except Exception as exc:  # noqa: BLE001 - the writer must outlive any bad append
-            outcomes = [JournalUnavailable(f"journal write failed: {type(exc).__name__}: "
-                                           f"{exc}")] * len(batch)
+            outcomes = [write_failure(exc)] * len(batch)
         answer(batch, outcomes, started, self.on_commit)
 
     def _take_waiting(self, batch: list[_Request]) -> None:
@@ -299,72 +262,33 @@ class _Writes:
             info = None if raw is None else _decode_index(req.run_id, raw)
         except JournalCorrupt as exc:
             return exc
-        last = info.last_seq if info is not None else 0
-        fence = req.fence
-        if fence is not None and info is not None and (
-                info.owner != fence.owner or info.epoch != fence.epoch):
-            # Checked where the rows are written: a runner that lost the run stores nothing.
-            return LeaseLost(f"run {req.run_id!r} is owned by {info.owner!r} at epoch "
-                             f"{info.epoch}, not by {fence.owner!r} at epoch {fence.epoch}; "
-                             "this runner stopped driving it")
-        if last != req.expected_seq:
-            return SequenceConflict(f"run {req.run_id!r} is at sequence {last}, not "
-                                    f"{req.expected_seq}; another writer appended first")
-        if info is not None and unforced_claim(fence, req.events, info.owner):
-            # Judged once more here, on the owner's record as it is now (see unforced_claim).
-            raw_owner = txn.get(info.owner.encode(), db=self._owners)
+
+        def owner_of(owner: str) -> OwnerRecord | None:
+            raw_owner = txn.get(owner.encode(), db=self._owners)
             body = None if raw_owner is None else chain.verified(raw_owner)
-            if owner_alive(None if body is None else _owner_dec.decode(body)):
-                return SequenceConflict(
-                    f"run {req.run_id!r} is owned by {info.owner!r}, which is alive (it "
-                    "renewed its lease after it was judged gone); the claim is refused")
-        now = time.time()
-        new = info is None
-        if info is None:
-            info = _Index(req.run_id, 0, created_ts=now, head=chain.seed(req.run_id))
-        elif len(info.head) != chain.LINK_SIZE:
-            return chain.ChainError(req.run_id, last, "the run's index entry holds no chain head")
-        # Everything is checked before anything is written: a refused append stores nothing.
-        is_open: bool | None = True if new else None
-        for event in req.events:
-            match event:
-                case ev.RunAdmitted():
-                    info.parent_run_id = event.parent_run_id
-                    info.owner, info.epoch = event.owner, 1
-                case ev.OwnerClaimed():
-                    epoch = event.epoch or info.epoch + 1
-                    if epoch != info.epoch + 1:
-                        return SequenceConflict(f"run {req.run_id!r} is at epoch {info.epoch}; "
-                                                f"a claim of epoch {epoch} came too late")
-                    info.owner, info.epoch = event.owner, epoch
-                case ev.RunFinished():
-                    info.status, info.finished_ts = event.status, event.ts or now
-                    is_open = False
-                case ev.RunResumed() | ev.RunRequeued():
-                    info.status, info.finished_ts = None, None
-                    is_open = True
-                case _:
-                    pass
-        if new:
+            return None if body is None else _owner_dec.decode(body)
+
+        plan = plan_append(req, info, time.time(), owner_of)
+        if isinstance(plan, BaseException):
+            return plan
+        new = plan.info
+        if plan.new:
             counter = txn.get(b"order", db=self._meta)
-            info.order = int.from_bytes(counter, "big") + 1 if counter else 1
-            txn.put(b"order", info.order.to_bytes(8, "big"), db=self._meta)
-            txn.put(info.order.to_bytes(8, "big"), rid, db=self._order)
-        head, seq, prefix = info.head, last, rid + _SEP
-        for data in req.encoded:
-            seq += 1
-            head = chain.link(head, data)
-            key, value = prefix + seq.to_bytes(8, "big"), head + data  # _ekey, inline
+            new.order = int.from_bytes(counter, "big") + 1 if counter else 1
+            txn.put(b"order", new.order.to_bytes(8, "big"), db=self._meta)
+            txn.put(new.order.to_bytes(8, "big"), rid, db=self._order)
+        prefix = rid + _SEP
+        for seq, link, data in plan.records:
+            key, value = prefix + seq.to_bytes(8, "big"), link + data  # _ekey, inline
             # Appending past the table's last key fills whole pages instead of splitting
             # them in half (time-ordered run ids make that the usual case); any other key
             # is refused by append and put in its place.
             if not txn.put(key, value, db=self._events, append=True):
                 txn.put(key, value, db=self._events)
-        info.head, info.last_seq, info.updated_ts = head, seq, now
-        txn.put(rid, chain.checksum(_info_enc.encode(info)), db=self._runs)
-        if is_open:
+        txn.put(rid, chain.checksum(_info_enc.encode(new)), db=self._runs)
+        if plan.opened:
             txn.put(rid, b"", db=self._open)
-        elif is_open is not None:
+        elif plan.opened is not None:
             txn.delete(rid, db=self._open)
         return None
 
