@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,17 @@ from typing import Any
 import pytest
 
 import boundloop as bl
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bytecode is cached for the suite's own subprocesses, whatever $PYTHONDONTWRITEBYTECODE
+    says. Hundreds of tests start ``python -m boundloop`` or a worker script (crash, drill,
+    CLI and docs tests); with the variable set (as on CI's machines) each of them compiled
+    every boundloop module it imports from source again, about 0.25 s of CPU each. The
+    bytecode goes where Python puts it by default (``__pycache__``, ignored by git); the
+    xdist workers and every subprocess inherit this environment."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True, scope="session")
