@@ -22,6 +22,23 @@ def pytest_configure(config: pytest.Config) -> None:
     xdist workers and every subprocess inherit this environment."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+    # An xdist worker finds $COLUMNS and $LINES set (GNU readline exports them there, the
+    # worker having no terminal): the CLI would then fit its output to 80 columns where a
+    # test runs it as piped with no width. The worker gets the controller's values back.
+    given = getattr(config, "workerinput", {}).get("terminal_env")
+    if given is not None:
+        for name, value in given.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist (controller side): the terminal variables as the suite was started with."""
+    node.workerinput["terminal_env"] = {name: os.environ.get(name)
+                                        for name in ("COLUMNS", "LINES")}
 
 
 @pytest.fixture(autouse=True, scope="session")
