@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,6 +11,34 @@ from typing import Any
 import pytest
 
 import boundloop as bl
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Bytecode is cached for the suite's own subprocesses, whatever $PYTHONDONTWRITEBYTECODE
+    says. Hundreds of tests start ``python -m boundloop`` or a worker script (crash, drill,
+    CLI and docs tests); with the variable set (as on CI's machines) each of them compiled
+    every boundloop module it imports from source again, about 0.25 s of CPU each. The
+    bytecode goes where Python puts it by default (``__pycache__``, ignored by git); the
+    xdist workers and every subprocess inherit this environment."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+    # An xdist worker finds $COLUMNS and $LINES set (GNU readline exports them there, the
+    # worker having no terminal): the CLI would then fit its output to 80 columns where a
+    # test runs it as piped with no width. The worker gets the controller's values back.
+    given = getattr(config, "workerinput", {}).get("terminal_env")
+    if given is not None:
+        for name, value in given.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist (controller side): the terminal variables as the suite was started with."""
+    node.workerinput["terminal_env"] = {name: os.environ.get(name)
+                                        for name in ("COLUMNS", "LINES")}
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -15,11 +15,13 @@ from boundloop.actors.workers import Loops, RunLoop
 
 
 def test_a_blocking_async_model_does_not_starve_an_unrelated_async_run(tmp_path: Path) -> None:
-    blocking = threading.Event()
+    blocking, release = threading.Event(), threading.Event()
 
     async def blocker(history: list[Any], ctx: bl.ModelContext) -> Any:
         blocking.set()
-        time.sleep(6)  # blocks whatever loop it runs on, as careless async code does
+        # Blocks whatever loop it runs on, as careless async code does: until the test has
+        # seen the other run end (6 s at most), not a fixed 6 s the Runner's close waits out.
+        release.wait(6)
         return bl.Final("late")
 
     async def quick(history: list[Any], ctx: bl.ModelContext) -> Any:
@@ -35,17 +37,21 @@ def test_a_blocking_async_model_does_not_starve_an_unrelated_async_run(tmp_path:
         return text
 
     with bl.Runner(tmp_path / "j") as runner:
-        stuck = runner.submit(model=blocker, prompt="p", budget=bl.Budget(deadline_s=1.0))
-        assert blocking.wait(5)
-        started = time.monotonic()
-        result = runner.run(model=quick, tools=[echo], prompt="p",
-                            budget=bl.Budget(deadline_s=4.0, max_model_steps=6))
-        took = time.monotonic() - started
-        assert result.status == "final", result.explanation
-        assert result.tool_calls == 3
-        assert took < 2.0, took  # well within its deadline, while the other loop sleeps
-        own = stuck.result(timeout=5)
-        assert own.status == "limit_exceeded" and own.exhausted_limit == "deadline"
+        try:
+            stuck = runner.submit(model=blocker, prompt="p",
+                                  budget=bl.Budget(deadline_s=1.0))
+            assert blocking.wait(5)
+            started = time.monotonic()
+            result = runner.run(model=quick, tools=[echo], prompt="p",
+                                budget=bl.Budget(deadline_s=4.0, max_model_steps=6))
+            took = time.monotonic() - started
+            assert result.status == "final", result.explanation
+            assert result.tool_calls == 3
+            assert took < 2.0, took  # well within its deadline, while the other loop sleeps
+            own = stuck.result(timeout=5)
+            assert own.status == "limit_exceeded" and own.exhausted_limit == "deadline"
+        finally:
+            release.set()
 
 
 def test_a_loop_held_by_an_abandoned_call_goes_to_no_other_run() -> None:

@@ -83,7 +83,15 @@ def main(runner: bl.Runner) -> None:
 '''
 
 
-def _mypy(tmp_path: Path, name: str, source: str) -> list[str]:
+@pytest.fixture(scope="module")
+def mypy_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One mypy cache for the module's checks: the second reuses what the first learnt of
+    the standard library and boundloop (mypy's incremental mode) instead of reading them
+    all again; each program is checked in full every time."""
+    return tmp_path_factory.mktemp("mypy") / ".mypy_cache"
+
+
+def _mypy(tmp_path: Path, name: str, source: str, cache: Path) -> list[str]:
     program = tmp_path / f"{name}.py"
     program.write_text(source)
     # The checkout on PYTHONPATH is found as an installed package: mypy reads its types only
@@ -91,7 +99,7 @@ def _mypy(tmp_path: Path, name: str, source: str) -> list[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--strict-equality", "--no-error-summary",
-         "--cache-dir", str(tmp_path / ".mypy_cache"), "--hide-error-context",
+         "--cache-dir", str(cache), "--hide-error-context",
          "--show-error-codes", program.name],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     return [line for line in done.stdout.splitlines() if ": error:" in line]
@@ -101,13 +109,14 @@ def test_py_typed_is_in_the_package() -> None:
     assert (ROOT / "boundloop" / "py.typed").is_file()
 
 
-def test_a_user_program_is_checked_against_boundloops_types(tmp_path: Path) -> None:
-    errors = _mypy(tmp_path, "good", GOOD)
+def test_a_user_program_is_checked_against_boundloops_types(tmp_path: Path,
+                                                            mypy_cache: Path) -> None:
+    errors = _mypy(tmp_path, "good", GOOD, mypy_cache)
     assert errors == [], "\n".join(errors)
 
 
-def test_a_user_programs_mistakes_are_found(tmp_path: Path) -> None:
-    errors = _mypy(tmp_path, "bad", BAD)
+def test_a_user_programs_mistakes_are_found(tmp_path: Path, mypy_cache: Path) -> None:
+    errors = _mypy(tmp_path, "bad", BAD, mypy_cache)
     assert not [e for e in errors if "import-untyped" in e or "import-not-found" in e], errors
     lines = BAD.splitlines()
     marked = {n: line.split("# BAD: ")[1] for n, line in enumerate(lines, 1)
