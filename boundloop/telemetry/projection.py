@@ -35,7 +35,7 @@ from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 from boundloop import events as ev
 from boundloop.messages import Final
 from boundloop.telemetry import names as n
-from boundloop.telemetry._links import FixedIds, RunLink, chat_span_id, tool_span_id
+from boundloop.telemetry._links import FixedIds, RunLink, SpanIds
 
 AttrValue = str | bool | int | float | tuple[str, ...]
 Attrs = dict[str, AttrValue]
@@ -110,12 +110,13 @@ class _Attempt:
     run needs it as a parent."""
 
     __slots__ = ("execution_id", "tool", "call_id", "attempt", "start_ns", "ctx", "span",
-                 "child_end_ns", "run_id", "trace_id")
+                 "child_end_ns", "run_id", "ids")
 
     def __init__(self, run_id: str, execution_id: str, tool: str, call_id: str, attempt: int,
-                 start_ns: int, ctx: Context | None, trace_id: int = 0) -> None:
+                 start_ns: int, ctx: Context | None, ids: SpanIds | None = None) -> None:
         self.run_id = run_id
-        self.trace_id = trace_id
+        #: its run's span ids (None: the SDK's own)
+        self.ids = ids
         self.execution_id = execution_id
         self.tool = tool
         self.call_id = call_id
@@ -133,8 +134,9 @@ class _Attempt:
 
     @property
     def span_id(self) -> int:
-        """Its span's id (see ``boundloop.telemetry._links``)."""
-        return tool_span_id(self.trace_id, self.run_id, self.execution_id, self.attempt)
+        """Its span's id (see ``boundloop.telemetry._links``); 0: the SDK's own."""
+        ids = self.ids
+        return ids.tool(self.execution_id, self.attempt) if ids is not None else 0
 
     @property
     def span_name(self) -> str:
@@ -148,7 +150,7 @@ class _Run:
                  "step", "step_start", "step_end", "step_outcome", "response",
                  "args", "final_text", "parent_execution_id", "finished", "chat_name",
                  "completed", "provider", "max_tokens", "client", "client_ok", "trace_id",
-                 "info", "finish")
+                 "info", "finish", "ids")
 
     def __init__(self, run_id: str, model: str | None, provider: str = n.DEFAULT_PROVIDER,
                  max_tokens: int | None = None) -> None:
@@ -166,6 +168,8 @@ class _Run:
         self.ctx: Context | None = None
         #: the trace of its spans (0 until its run span is made)
         self.trace_id = 0
+        #: its spans' ids, when they can be given (see ``boundloop.telemetry._links``)
+        self.ids: SpanIds | None = None
         #: what the provider said of the step's response (ResponseInfo), its finish reason
         self.info: Any = None
         self.finish = ""
@@ -272,6 +276,9 @@ class Projection:
         #: Gives spans the ids of ``boundloop.telemetry._links`` (None: the SDK's own ids).
         self.ids: FixedIds | None = None
         self._state: StateView | None = None
+        #: The index of the event ``project`` is projecting (after an error: the one that
+        #: failed).
+        self.at = 0
         # Dispatch on the event's type: one dict lookup instead of a chain of isinstance.
         self._handlers: dict[type, Callable[[_Run, Any], None]] = {
             ev.ModelStepStarted: self._step_started, ev.ModelStepCompleted: self._completed,
@@ -285,8 +292,11 @@ class Projection:
 
     # -- feeding ----------------------------------------------------------------------
     def project(self, run_id: str, events: Iterable[ev.Event], *, model: Any = None,
-                state: StateView | None = None) -> None:
-        """Project ``events`` of run ``run_id`` (in order; any chunking).
+                state: StateView | None = None,
+                stop: Callable[[], bool] | None = None) -> int:
+        """Project ``events`` of run ``run_id`` (in order; any chunking); return how many
+        were projected: all of them, unless ``stop`` (asked before each event but the first)
+        said to stop. While it works, ``at`` is the index of the event being projected.
 
         ``model`` names the run's ``chat`` spans (see ``model_name``); ``state``, the run's
         live state, tells the tools and open actions of a run first seen mid-way (a resumed
@@ -295,23 +305,30 @@ class Projection:
         self._state = state
         run = self.runs.get(run_id)
         handlers, on_event = self._handlers, self.on_event
-        for event in events:
-            if on_event is not None:
-                on_event(event)
-            handler = handlers.get(type(event))
-            if handler is not None:
-                if run is None:
-                    if isinstance(event, ev.CallResolved):
-                        continue  # resolved after its run ended here: nothing open to track
-                    run = self._start(run_id, model, event)
-                handler(run, event)
-                if run.finished and not self.keep_finished:
-                    run = None
-            elif isinstance(event, ev.RunAdmitted):
-                run = self._admitted(run_id, model, run, event)
-            elif isinstance(event, ev.RunResumed):
-                run = self._resumed(run_id, model, run, event)
-        self._state = None
+        i = -1
+        try:
+            for i, event in enumerate(events):  # noqa: B007 - read after the loop
+                if stop is not None and i and stop():
+                    return i
+                self.at = i
+                if on_event is not None:
+                    on_event(event)
+                handler = handlers.get(type(event))
+                if handler is not None:
+                    if run is None:
+                        if isinstance(event, ev.CallResolved):
+                            continue  # resolved after its run ended here: nothing open
+                        run = self._start(run_id, model, event)
+                    handler(run, event)
+                    if run.finished and not self.keep_finished:
+                        run = None
+                elif isinstance(event, ev.RunAdmitted):
+                    run = self._admitted(run_id, model, run, event)
+                elif isinstance(event, ev.RunResumed):
+                    run = self._resumed(run_id, model, run, event)
+            return i + 1
+        finally:
+            self._state = None
 
     def release(self, run_id: str, status: str | None = None, ts: float | None = None) -> bool:
         """Forget run ``run_id`` (its spans end, as ``status`` or ``unfinished``); True when
@@ -348,8 +365,7 @@ class Projection:
             if att is not None and att.ctx is not None:
                 if att.span is None:
                     att.span = self._start_span(att.span_name, att.ctx, att.base_attributes(),
-                                                att.start_ns, _INTERNAL,
-                                                att.span_id if self.ids is not None else 0)
+                                                att.start_ns, _INTERNAL, att.span_id)
                 return trace.set_span_in_context(att.span)
         if parent_run_id is not None:
             parent = self.runs.get(parent_run_id)
@@ -400,6 +416,10 @@ class Projection:
         run.recording = span.is_recording()
         run.trace_id = span.get_span_context().trace_id
         run.ctx = trace.set_span_in_context(span)
+        if ids is not None:
+            # The ids its handlers and model calls ran under: the link's, begun once a run.
+            run.ids = link.ids if link is not None and link.trace_id == run.trace_id else \
+                SpanIds(run.trace_id, run.run_id)
 
     def _admitted(self, run_id: str, model: Any, run: _Run | None,
                   e: ev.RunAdmitted) -> _Run:
@@ -584,9 +604,9 @@ class Projection:
                 attrs[n.COST] = u.cost
         if self.capture_content and run.response is not None:
             attrs[n.OUTPUT_MESSAGES] = content([run.response])
+        ids = run.ids
         span = self._start_span(run.chat_name, run.ctx, attrs, _ns(start), _CLIENT,
-                                chat_span_id(run.trace_id, run.run_id, run.step)
-                                if self.ids is not None else 0)
+                                ids.chat(run.step) if ids is not None else 0)
         if run.step_outcome in _ERROR_STEPS:
             span.set_attribute(n.ERROR_TYPE, run.step_outcome)
             span.set_status(StatusCode.ERROR, run.step_outcome)
@@ -621,8 +641,7 @@ class Projection:
         previous = run.attempts.get(eid)
         if previous is not None:
             self._end_attempt(run, previous, n.UNFINISHED, e.ts, None)
-        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, _ns(e.ts), run.ctx,
-                       run.trace_id)
+        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, _ns(e.ts), run.ctx, run.ids)
         run.attempts[eid] = att
         attempts = self.attempts
         if len(attempts) >= self.max_attempts:
@@ -702,7 +721,7 @@ class Projection:
                 attrs[n.TOOL_RESULT] = content(result)
         if span is None:
             span = self._start_span(att.span_name, att.ctx, attrs, att.start_ns, _INTERNAL,
-                                    att.span_id if self.ids is not None else 0)
+                                    att.span_id)
         else:
             span.set_attributes(attrs)
         if error is not None or outcome == n.UNFINISHED:
