@@ -345,7 +345,9 @@ def costs(recorded: list[tuple[str, list[list[ev.Event]]]], model: Any) -> dict[
     out["no SDK: Telemetry (link, observe, release)"] = per_call(api)
     otel = Otel(batch=False)
     loud = otel.telemetry()
-    replays = [Replay(chunks, model).on(otel) for _, chunks in recorded]
+    # Providers of their own: boundloop's tracer gives span ids (see _links.install)
+    alone = Otel(batch=False)
+    replays = [Replay(chunks, model).on(alone) for _, chunks in recorded]
     serial = iter(range(10**9))
 
     def sdk(idle: float = 0.0) -> int:
@@ -380,7 +382,7 @@ def costs(recorded: list[tuple[str, list[list[ev.Event]]]], model: Any) -> dict[
                 replay.commit(0.001, 1)
                 spent += time.perf_counter() - t0
             replay.end_run()
-        otel.exporter.clear()
+        alone.exporter.clear()
         timed.append(spent)
         return runs
 
@@ -392,6 +394,7 @@ def costs(recorded: list[tuple[str, list[list[ev.Event]]]], model: Any) -> dict[
             fn(0.0005)
         out[f"{name}, each commit after a 0.5 ms idle gap"] = 1e6 * min(timed) / runs
     otel.tracer_provider.shutdown()
+    alone.tracer_provider.shutdown()
     return out
 
 

@@ -572,6 +572,8 @@ class Telemetry:
 
     def _schedule(self) -> None:
         """Flush within FLUSH_S (one timer thread at a time, only while something waits)."""
+        if self._timer is not None:  # already set (a timer clears it before it flushes)
+            return
         with self._timer_lock:
             if self._timer is not None:
                 return

@@ -150,7 +150,7 @@ class _Run:
                  "step", "step_start", "step_end", "step_outcome", "response",
                  "args", "final_text", "parent_execution_id", "finished", "chat_name",
                  "completed", "provider", "max_tokens", "client", "client_ok", "trace_id",
-                 "info", "finish", "ids")
+                 "info", "finish", "ids", "chat_first", "chat_last")
 
     def __init__(self, run_id: str, model: str | None, provider: str = n.DEFAULT_PROVIDER,
                  max_tokens: int | None = None) -> None:
@@ -164,6 +164,14 @@ class _Run:
         #: the GenAI client metrics' series: (operation, provider, model); a completed call's
         self.client = ("chat", provider, model or n.DEFAULT_MODEL)
         self.client_ok = (*self.client, "")
+        #: the attributes every ``chat`` span of the run has, first and last (made once)
+        self.chat_first: Attrs = {n.OPERATION: "chat", n.PROVIDER: provider, n.RUN_ID: run_id,
+                                  n.CONVERSATION_ID: run_id}
+        self.chat_last: Attrs = {}
+        if model is not None:
+            self.chat_last[n.REQUEST_MODEL] = model
+        if max_tokens is not None:
+            self.chat_last[n.REQUEST_MAX_TOKENS] = max_tokens
         self.span: Span | None = None
         self.ctx: Context | None = None
         #: the trace of its spans (0 until its run span is made)
@@ -310,7 +318,6 @@ class Projection:
             for i, event in enumerate(events):  # noqa: B007 - read after the loop
                 if stop is not None and i and stop():
                     return i
-                self.at = i
                 if on_event is not None:
                     on_event(event)
                 handler = handlers.get(type(event))
@@ -327,6 +334,9 @@ class Projection:
                 elif isinstance(event, ev.RunResumed):
                     run = self._resumed(run_id, model, run, event)
             return i + 1
+        except BaseException:
+            self.at = i
+            raise
         finally:
             self._state = None
 
@@ -571,11 +581,10 @@ class Projection:
         start = run.step_start
         assert start is not None
         end = run.step_end if run.step_end is not None else start
-        name = run.model
         # Attributes cost the SDK ~0.5 µs each (a sequence far more): those that say
         # nothing (a completed step, zero cache tokens, a reported usage) are left out.
-        attrs: Attrs = {n.OPERATION: "chat", n.PROVIDER: run.provider, n.RUN_ID: run.run_id,
-                        n.CONVERSATION_ID: run.run_id, n.STEP: run.step}
+        attrs = run.chat_first.copy()
+        attrs[n.STEP] = run.step
         if run.step_outcome != "completed":
             attrs[n.MODEL_OUTCOME] = run.step_outcome or n.UNFINISHED
         else:
@@ -586,10 +595,7 @@ class Projection:
                 if info.model is not None:
                     attrs[n.RESPONSE_MODEL] = info.model
             attrs[n.FINISH_REASONS] = (run.finish,)
-        if name is not None:
-            attrs[n.REQUEST_MODEL] = name
-        if run.max_tokens is not None:
-            attrs[n.REQUEST_MAX_TOKENS] = run.max_tokens
+        attrs.update(run.chat_last)
         if charged is not None:
             u = charged.usage
             attrs[n.INPUT_TOKENS] = u.all_input_tokens  # the conventions' input: all of it
