@@ -524,7 +524,7 @@ class Telemetry:
                                                   model=model, state=state, stop=stop)
             except Exception:  # noqa: BLE001 - telemetry never fails a run
                 self._complain("observing run %r", run_id)
-                start += projection.at + 1
+                start += max(projection.at, 0) + 1  # past the event that failed
                 if start >= len(events):
                     return start
 
