@@ -26,8 +26,10 @@ The overhead is ``median(config) / median(off) - 1`` over all runs, with a boots
 the same of the 10th percentiles (the runs other work on the machine disturbed least) and a
 paired figure (each repetition's block against that repetition's ``off`` block); next to it,
 the process CPU (all threads) a round. The target (issue #23): boundloop's own share of
-``sdk``, its overhead beyond ``floor``'s, under 3 % of a round, in wall time (``beyond``,
-paired) and in CPU. Every block of the SDK configurations checks that each run's
+``sdk``, its overhead beyond ``floor``'s, under 3 % of a round, both in wall time and in
+process CPU (``floor`` pays its SDK calls where they happen, on the committing thread, while
+``sdk`` makes most of them on its projector thread as the journal syncs: CPU judges the work
+wherever it runs). Every block of the SDK configurations checks that each run's
 spans were exported by the time ``run`` returned (12 per run for 5 rounds), and at the end
 that every run was counted.
 
@@ -495,10 +497,18 @@ def main(argv: list[str] | None = None) -> int:
     share_paired = statistics.median(
         (b - f) / a for a, b, f in zip(off.blocks, sdk.blocks, floor_c.blocks, strict=True))
     share_cpu = (statistics.median(sdk.cpu) - statistics.median(floor_c.cpu)) / base
-    ok = share < TARGET
-    print(f"boundloop's own share of a round (sdk beyond floor, in off rounds): "
-          f"{share:+.1%} (paired {share_paired:+.1%}; in CPU {share_cpu:+.1%}) "
-          f"{'PASS' if ok else 'FAIL'} (< {TARGET:.0%})")
+    cpu_paired = statistics.median(
+        (b - f) / base for b, f in zip(sdk.cpu, floor_c.cpu, strict=True))
+    # floor makes its SDK calls on the committing thread, where sdk-inline projects, while
+    # sdk projects mostly on its projector as the journal syncs: in wall time floor is the
+    # inline price, so the same share is also judged in CPU, which does not depend on where
+    # the work runs (the projector's wake-ups and hand-offs are boundloop's CPU too).
+    ok_wall, ok_cpu = share < TARGET, share_cpu < TARGET
+    ok = ok_wall and ok_cpu
+    print(f"boundloop's own share of a round, sdk beyond floor (in off rounds): wall "
+          f"{share:+.1%} (paired {share_paired:+.1%}) {'PASS' if ok_wall else 'FAIL'}; "
+          f"CPU {share_cpu:+.1%} (paired {cpu_paired:+.1%}) {'PASS' if ok_cpu else 'FAIL'} "
+          f"(target < {TARGET:.0%})")
     print()
     events = sum(len(ch) for _, chunks in recorded for ch in chunks)
     replay = Replay(recorded[0][1], make_model(args.rounds))
