@@ -33,11 +33,12 @@ wherever it runs). Every block of the SDK configurations checks that each run's
 spans were exported by the time ``run`` returned (12 per run for 5 rounds), and at the end
 that every run was counted.
 
-Then where the cost goes: the projection's CPU per event over the events of recorded W1 runs
-(in the chunks the supervisor commits them in), warm and after the idle gap a durable commit
-leaves between chunks, and the same for the SDK alone replaying that run's spans and records
-(the floor, out of the loop). Counter additions are not in the floor (boundloop sums them and
-adds each series once a second: what that costs counts as boundloop's).
+Then where the cost goes, out of the loop: the thread CPU of boundloop's telemetry over the
+events of recorded W1 runs (in the chunks the supervisor commits them in), as the runner
+drives it, and of the SDK alone replaying those runs' spans and records (the floor), passes
+of each in turn, warm and after the idle gap a durable commit leaves between chunks. Counter
+additions are not in the floor (boundloop sums them and adds each series once a second: what
+that costs counts as boundloop's).
 
 Run: ``python bench/telemetry.py`` (``--help``); about a minute.
 """
@@ -52,7 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -315,36 +316,17 @@ def commit_chunks(events: list[ev.Event]) -> list[list[ev.Event]]:
     return [c for c in chunks if c]
 
 
-def per_call(fn: Callable[[], int], seconds: float = 1.0) -> float:
-    """µs per item of ``fn`` (which returns the items it handled), best of 5 slices."""
-    best = float("inf")
-    for _ in range(5):
-        handled, t0 = 0, time.perf_counter()
-        deadline = t0 + seconds / 5
-        while time.perf_counter() < deadline:
-            handled += fn()
-        best = min(best, 1e6 * (time.perf_counter() - t0) / handled)
-    return best
-
-
-def costs(recorded: list[tuple[str, list[list[ev.Event]]]], model: Any) -> dict[str, float]:
-    """µs per run of the recorded runs: boundloop's telemetry (as the runner drives it: link,
-    each commit's figures and events, release) and the SDK alone replaying the same spans and
-    records (``Replay``), warm and with each commit after the idle gap of a durable commit."""
+def costs(recorded: list[tuple[str, list[list[ev.Event]]]], model: Any,
+          passes: int = 300) -> dict[str, tuple[float, float]]:
+    """Thread CPU µs per run of the recorded runs, (10th percentile, median) over ``passes``
+    passes: boundloop's telemetry as the runner drives it (link, each commit's figures and
+    events, release) and, alternating with it, the SDK alone replaying the same spans and
+    records (``Replay``); warm, then with each commit after the idle gap of a durable commit.
+    Thread CPU leaves out the time other work on the machine takes the core."""
     runs = len(recorded)
-    out: dict[str, float] = {}
+    clock = time.thread_time
+    out: dict[str, tuple[float, float]] = {}
     quiet = Telemetry()  # global providers, no SDK
-
-    def api() -> int:
-        for run_id, chunks in recorded:
-            quiet.link(run_id)
-            for chunk in chunks:
-                quiet.journal_commit(0.001, 1)
-                quiet.observe(run_id, chunk, model=model)
-            quiet.release(run_id)
-        return runs
-
-    out["no SDK: Telemetry (link, observe, release)"] = per_call(api)
     otel = Otel(batch=False)
     loud = otel.telemetry()
     # Providers of their own: boundloop's tracer gives span ids (see _links.install)
@@ -352,49 +334,53 @@ def costs(recorded: list[tuple[str, list[list[ev.Event]]]], model: Any) -> dict[
     replays = [Replay(chunks, model).on(alone) for _, chunks in recorded]
     serial = iter(range(10**9))
 
-    def sdk(idle: float = 0.0) -> int:
-        spent = 0.0
+    def api(idle: float) -> None:
+        for run_id, chunks in recorded:
+            quiet.link(run_id)
+            for chunk in chunks:
+                quiet.journal_commit(0.001, 1)
+                quiet.observe(run_id, chunk, model=model)
+            quiet.release(run_id)
+
+    def sdk(idle: float) -> None:
         for run_id, chunks in recorded:
             rid = f"{run_id}-{next(serial)}"
-            t0 = time.perf_counter()
             loud.link(rid)
             for chunk in chunks:
                 if idle:
-                    spent += time.perf_counter() - t0
                     time.sleep(idle)
-                    t0 = time.perf_counter()
                 loud.journal_commit(0.001, 1)
                 loud.observe(rid, chunk, model=model)
                 with loud._lock:  # as the projector or a run's release would, at once
                     loud._drain()
             loud.release(rid)
-            spent += time.perf_counter() - t0
         otel.exporter.clear()
-        timed.append(spent)
-        return runs
 
-    def floor(idle: float = 0.0) -> int:
-        spent = 0.0
+    def floor(idle: float) -> None:
         for replay in replays:
             replay.start_run()
             for _ in replay.program:
                 if idle:
                     time.sleep(idle)
-                t0 = time.perf_counter()
                 replay.commit(0.001, 1)
-                spent += time.perf_counter() - t0
             replay.end_run()
         alone.exporter.clear()
-        timed.append(spent)
-        return runs
 
-    timed: list[float] = []
-    for name, fn in (("boundloop + SDK", sdk), ("SDK alone (the floor)", floor)):
-        out[f"{name}, warm"] = per_call(fn)
-        timed.clear()
-        for _ in range(20):
-            fn(0.0005)
-        out[f"{name}, each commit after a 0.5 ms idle gap"] = 1e6 * min(timed) / runs
+    for gap, idle, count in (("warm", 0.0, passes),
+                             ("cold", 0.0005, passes // 5)):
+        spent: dict[str, list[float]] = {"no SDK": [], "boundloop + SDK": [],
+                                         "SDK alone (the floor)": []}
+        for _ in range(count):
+            for name, fn in (("no SDK", api), ("boundloop + SDK", sdk),
+                             ("SDK alone (the floor)", floor)):
+                t0 = clock()
+                fn(idle)
+                spent[name].append(1e6 * (clock() - t0) / runs)
+        for name, times in spent.items():
+            out[f"{name}, {gap}"] = (p10(times), statistics.median(times))
+        own = [b - f for b, f in zip(spent["boundloop + SDK"], spent["SDK alone (the floor)"],
+                                     strict=True)]
+        out[f"boundloop's own (the difference), {gap}"] = (p10(own), statistics.median(own))
     otel.tracer_provider.shutdown()
     alone.tracer_provider.shutdown()
     return out
@@ -512,16 +498,15 @@ def main(argv: list[str] | None = None) -> int:
     print()
     events = sum(len(ch) for _, chunks in recorded for ch in chunks)
     replay = Replay(recorded[0][1], make_model(args.rounds))
-    print(f"where the cost goes, µs per run out of the loop ({events // len(recorded)} events, "
+    print(f"where the cost goes, out of the loop ({events // len(recorded)} events, "
           f"{len(recorded[0][1])} commits, {replay.spans} spans and {replay.records} "
           f"histogram records a W1 run of {args.rounds} rounds; an off run "
           f"{base * args.rounds:.0f} µs):")
     found = costs(recorded, make_model(args.rounds))
-    for what, us in found.items():
-        print(f"  {what:<62}{us:>8.1f} µs {us / (base * args.rounds):>6.1%}")
-    for gap in ("warm", "each commit after a 0.5 ms idle gap"):
-        own = found[f"boundloop + SDK, {gap}"] - found[f"SDK alone (the floor), {gap}"]
-        print(f"  boundloop's own, {gap:<46}{own:>8.1f} µs {own / (base * args.rounds):>6.1%}")
+    print(f"  {'thread CPU, µs a run (cold: each commit after a 0.5 ms idle gap)':<66}"
+          f"{'p10':>8}{'median':>8}{'of an off run':>15}")
+    for what, (low, mid) in found.items():
+        print(f"  {what:<66}{low:>8.1f}{mid:>8.1f}{mid / (base * args.rounds):>15.1%}")
     print()
     affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else "?"
     print(f"machine: nproc={affinity} (cpu_count={os.cpu_count()}), {platform.system()} "
