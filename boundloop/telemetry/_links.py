@@ -42,19 +42,18 @@ class SpanIds:
     def __init__(self, trace_id: int, run_id: str) -> None:
         self._begun = hashlib.blake2b(f"{trace_id:032x}/{run_id}/".encode(), digest_size=8)
 
-    def _finish(self, what: str) -> int:
-        digest = self._begun.copy()
-        digest.update(what.encode())
-        return int.from_bytes(digest.digest(), "big") or 1  # 0 is not a valid span id
-
     def chat(self, step: int) -> int:
         """The span id of step ``step``'s ``chat`` span."""
-        return self._finish(f"chat/{step}")
+        digest = self._begun.copy()
+        digest.update(f"chat/{step}".encode())
+        return int.from_bytes(digest.digest(), "big") or 1  # 0 is not a valid span id
 
     def tool(self, execution_id: str, attempt: int) -> int:
         """The span id of the ``execute_tool`` span of attempt ``attempt`` of
         ``execution_id``."""
-        return self._finish(f"tool/{execution_id}/{attempt}")
+        digest = self._begun.copy()
+        digest.update(f"tool/{execution_id}/{attempt}".encode())
+        return int.from_bytes(digest.digest(), "big") or 1
 
 
 def chat_span_id(trace_id: int, run_id: str, step: int) -> int:

@@ -357,7 +357,7 @@ class Telemetry:
             self._queued.add(run_id)
             first = not self._pending
             self._pending.append((run_id, events, model))
-            if first:
+            if first and self._timer is None:
                 self._schedule()  # projected within FLUSH_S even if no journal syncs again
             return
         with self._lock:  # the state is read now, while it is the state of these events
@@ -550,7 +550,8 @@ class Telemetry:
         first = not commits
         commits.append((latency_s, batch_size))
         if first:
-            self._schedule()
+            if self._timer is None:
+                self._schedule()
         elif len(commits) >= MAX_PENDING_COMMITS and self._lock.acquire(blocking=False):
             try:  # never waits for the lock: the writer must not wait on an exporter
                 self._record_commits()

@@ -392,10 +392,14 @@ class Projection:
                                           kind=kind, attributes=attrs, start_time=start_ns)
         ids.give(span_id, trace_id)
         try:
-            return self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
+            span = self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
                                           kind=kind, attributes=attrs, start_time=start_ns)
-        finally:
+        except BaseException:
+            ids.clear()  # what the SDK did not take is not left behind
+            raise
+        if trace_id:  # the SDK takes a trace id for a root span only
             ids.clear()
+        return span
 
     def _open_run_span(self, run: _Run, ts: float, parent: Context | None,
                        attrs: Attrs) -> None:
@@ -611,12 +615,12 @@ class Projection:
         if self.capture_content and run.response is not None:
             attrs[n.OUTPUT_MESSAGES] = content([run.response])
         ids = run.ids
-        span = self._start_span(run.chat_name, run.ctx, attrs, _ns(start), _CLIENT,
+        span = self._start_span(run.chat_name, run.ctx, attrs, int(start * 1e9), _CLIENT,
                                 ids.chat(run.step) if ids is not None else 0)
         if run.step_outcome in _ERROR_STEPS:
             span.set_attribute(n.ERROR_TYPE, run.step_outcome)
             span.set_status(StatusCode.ERROR, run.step_outcome)
-        span.end(end_time=_ns(end))
+        span.end(end_time=int(end * 1e9))
         run.step_start = run.step_end = None
         run.step_outcome, run.response, run.info = "", None, None
 
@@ -647,7 +651,8 @@ class Projection:
         previous = run.attempts.get(eid)
         if previous is not None:
             self._end_attempt(run, previous, n.UNFINISHED, e.ts, None)
-        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, _ns(e.ts), run.ctx, run.ids)
+        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, int(e.ts * 1e9), run.ctx,
+                       run.ids)
         run.attempts[eid] = att
         attempts = self.attempts
         if len(attempts) >= self.max_attempts:
@@ -710,7 +715,7 @@ class Projection:
         if latency:
             end = att.start_ns + int(latency * 1e9)
         else:
-            end = _ns(ts) if ts is not None else att.start_ns
+            end = int(ts * 1e9) if ts is not None else att.start_ns
         end = max(end, att.child_end_ns, att.start_ns)
         span = att.span
         # Made in one go, with all its attributes, when it ends (unless a child run needed
