@@ -612,6 +612,31 @@ def test_a_failing_sink_never_fails_the_observer(caplog: pytest.LogCaptureFixtur
     assert len([r for r in caplog.records if "sink down" in (r.exc_text or "")]) == 1
 
 
+def test_an_event_that_fails_to_project_costs_only_itself(
+        caplog: pytest.LogCaptureFixture, scripted: tuple[Otel, dict[str, Any], Path]) -> None:
+    """A sink that fails once drops that event's observations alone: the events after it in
+    the same commit are still projected (the run's span ends, the run is counted)."""
+    failed: list[str] = []
+
+    class FailsOnce:
+        def record(self, metric: names.Metric, value: float, values: tuple[str, ...]) -> None:
+            if metric is names.MODEL_LATENCY and not failed:
+                failed.append(metric.name)
+                raise RuntimeError("sink hiccup")
+
+    otel = Otel(sinks=[FailsOnce()])
+    events = events_of(scripted[2], "final")
+    with caplog.at_level(logging.ERROR, logger="boundloop.telemetry"):
+        otel.telemetry.observe("final", events)  # the whole run as one commit
+        otel.telemetry.release("final")
+    assert failed == [names.MODEL_LATENCY.name]
+    assert len([r for r in caplog.records if "sink hiccup" in (r.exc_text or "")]) == 1
+    root = run_span(otel.spans(), "final")
+    assert dict(root.attributes or {})[names.RUN_STATUS] == "final"
+    assert otel.total("boundloop.runs", **{names.RUN_STATUS: "final"}) == 1
+    assert otel.total("boundloop.runs.unrecorded") == 0
+
+
 def test_bad_options_are_config_errors() -> None:
     with pytest.raises(bl.ConfigError):
         Telemetry(capture_content="yes")  # type: ignore[arg-type]

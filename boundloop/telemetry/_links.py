@@ -26,26 +26,79 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from typing import Any, NamedTuple
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 
-class RunLink(NamedTuple):
-    """Where a run's spans hang: its trace, whether its spans are sampled, and the context
-    the run was started in (its current span, if valid, is the run span's parent)."""
+class SpanIds:
+    """The ids of one run's ``chat`` and ``execute_tool`` spans in one trace: the digest of
+    the trace id and run id is begun once (per run, not per span) and finished per span."""
 
-    trace_id: int
-    #: Whether its spans are sampled (made once a run, not once a span).
-    flags: TraceFlags
-    #: The caller's context (its baggage goes to the handlers and model calls too).
-    context: Context
-    #: True when the caller's context holds a valid span: the run span's parent.
-    has_parent: bool
-    #: True when the projection can give its spans these ids (see ``install``).
-    linkable: bool
+    __slots__ = ("_begun",)
+
+    def __init__(self, trace_id: int, run_id: str) -> None:
+        self._begun = hashlib.blake2b(f"{trace_id:032x}/{run_id}/".encode(), digest_size=8)
+
+    def chat(self, step: int) -> int:
+        """The span id of step ``step``'s ``chat`` span."""
+        digest = self._begun.copy()
+        digest.update(f"chat/{step}".encode())
+        return int.from_bytes(digest.digest(), "big") or 1  # 0 is not a valid span id
+
+    def tool(self, execution_id: str, attempt: int) -> int:
+        """The span id of the ``execute_tool`` span of attempt ``attempt`` of
+        ``execution_id``."""
+        digest = self._begun.copy()
+        digest.update(f"tool/{execution_id}/{attempt}".encode())
+        return int.from_bytes(digest.digest(), "big") or 1
+
+
+def chat_span_id(trace_id: int, run_id: str, step: int) -> int:
+    """The span id of step ``step``'s ``chat`` span."""
+    return SpanIds(trace_id, run_id).chat(step)
+
+
+def tool_span_id(trace_id: int, run_id: str, execution_id: str, attempt: int) -> int:
+    """The span id of the ``execute_tool`` span of attempt ``attempt`` of ``execution_id``."""
+    return SpanIds(trace_id, run_id).tool(execution_id, attempt)
+
+
+class RunLink:
+    """Where a run's spans hang: its trace, whether its spans are sampled, and the context
+    the run was started in (its current span, if valid, is the run span's parent).
+
+    Args:
+        trace_id: its trace.
+        flags: whether its spans are sampled (made once a run, not once a span).
+        context: the caller's context (its baggage goes to the handlers and model calls too).
+        has_parent: True when ``context`` holds a valid span: the run span's parent.
+        linkable: True when the projection can give its spans these ids (see ``install``).
+        run_id: the run (its spans' ids derive from it).
+    """
+
+    __slots__ = ("trace_id", "flags", "context", "has_parent", "linkable", "run_id", "_ids")
+
+    def __init__(self, trace_id: int, flags: TraceFlags, context: Context, has_parent: bool,
+                 linkable: bool, run_id: str = "") -> None:
+        self.trace_id = trace_id
+        self.flags = flags
+        self.context = context
+        self.has_parent = has_parent
+        self.linkable = linkable
+        self.run_id = run_id
+        self._ids: SpanIds | None = None
+
+    @property
+    def ids(self) -> SpanIds:
+        """Its spans' ids (begun on first use: a run whose code never reads them pays
+        nothing for them)."""
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = SpanIds(self.trace_id, self.run_id)
+        return ids
 
     def current(self, span_id: int) -> Context:
         """The caller's context with span ``span_id`` of this run's trace current."""
@@ -53,20 +106,41 @@ class RunLink(NamedTuple):
                                             trace_flags=self.flags))
         return trace.set_span_in_context(span, self.context)
 
+    def chat(self, step: int) -> Context:
+        """The caller's context with step ``step``'s ``chat`` span current."""
+        return trace.set_span_in_context(_Deferred(self, step, None), self.context)
 
-def _span_id(trace_id: int, run_id: str, what: str) -> int:
-    digest = hashlib.blake2b(f"{trace_id:032x}/{run_id}/{what}".encode(), digest_size=8)
-    return int.from_bytes(digest.digest(), "big") or 1  # 0 is not a valid span id
-
-
-def chat_span_id(trace_id: int, run_id: str, step: int) -> int:
-    """The span id of step ``step``'s ``chat`` span."""
-    return _span_id(trace_id, run_id, f"chat/{step}")
+    def tool(self, execution_id: str, attempt: int) -> Context:
+        """The caller's context with the attempt's ``execute_tool`` span current."""
+        return trace.set_span_in_context(_Deferred(self, attempt, execution_id), self.context)
 
 
-def tool_span_id(trace_id: int, run_id: str, execution_id: str, attempt: int) -> int:
-    """The span id of the ``execute_tool`` span of attempt ``attempt`` of ``execution_id``."""
-    return _span_id(trace_id, run_id, f"tool/{execution_id}/{attempt}")
+class _Deferred(NonRecordingSpan):
+    """A ``NonRecordingSpan`` whose ids are worked out when first asked for: most handlers
+    and model calls never make a span nor read the current one, and a run's model calls and
+    tool attempts are on the loop's path."""
+
+    def __init__(self, link: RunLink, number: int, execution_id: str | None) -> None:
+        # NonRecordingSpan.__init__ is not called: it would set the context made below.
+        self._link = link
+        self._number = number
+        self._execution_id = execution_id
+        self._made: SpanContext | None = None
+
+    @property
+    def _context(self) -> SpanContext:  # type: ignore[override]
+        made = self._made
+        if made is None:
+            link, eid = self._link, self._execution_id
+            span_id = link.ids.chat(self._number) if eid is None else \
+                link.ids.tool(eid, self._number)
+            made = self._made = SpanContext(link.trace_id, span_id, is_remote=False,
+                                            trace_flags=link.flags)
+        return made
+
+    def get_span_context(self) -> SpanContext:
+        """The span's ids, worked out on first call (see the class)."""
+        return self._context
 
 
 class FixedIds:

@@ -27,7 +27,7 @@ from opentelemetry.trace import (
 from boundloop import events as ev
 from boundloop.errors import ConfigError
 from boundloop.telemetry import names as n
-from boundloop.telemetry._links import FixedIds, RunLink, chat_span_id, install, tool_span_id
+from boundloop.telemetry._links import FixedIds, RunLink, install
 from boundloop.telemetry.projection import Fanout, Projection, Sink, StateView
 
 try:  # the API's stand-in until an SDK is set globally (private name, stable since 1.10)
@@ -269,7 +269,9 @@ class Telemetry:
             collections.deque()
         #: runs whose events may wait in ``_pending`` (seen from their RunAdmitted on)
         self._queued: set[str] = set()
-        self._wake = threading.Event()
+        #: The projector's signal: held while it has nothing to do, released to wake it.
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._projector: threading.Thread | None = None
         self._sync_s = 2 * MIN_SYNC_BUDGET_S / SYNC_SHARE  # commits' latency, averaged
         self._sync_started = 0.0  # perf_counter of the last before_sync with work waiting
@@ -355,7 +357,7 @@ class Telemetry:
             self._queued.add(run_id)
             first = not self._pending
             self._pending.append((run_id, events, model))
-            if first:
+            if first and self._timer is None:
                 self._schedule()  # projected within FLUSH_S even if no journal syncs again
             return
         with self._lock:  # the state is read now, while it is the state of these events
@@ -385,14 +387,16 @@ class Telemetry:
             parent = trace.get_current_span(ctx).get_span_context()
             linkable = self._ids is not None
             if parent.is_valid:
-                link = RunLink(parent.trace_id, parent.trace_flags, ctx, True, linkable)
+                link = RunLink(parent.trace_id, parent.trace_flags, ctx, True, linkable,
+                               run_id)
             else:
                 up = self._links.get(parent_run_id) if parent_run_id is not None else None
                 if up is not None:
-                    link = RunLink(up.trace_id, up.flags, ctx, False, linkable)
+                    link = RunLink(up.trace_id, up.flags, ctx, False, linkable, run_id)
                 else:
                     trace_id = self._new_trace_id()
-                    link = RunLink(trace_id, self._root_flags(trace_id), ctx, False, linkable)
+                    link = RunLink(trace_id, self._root_flags(trace_id), ctx, False,
+                                   linkable, run_id)
             self._links[run_id] = link
         except Exception:  # noqa: BLE001 - telemetry never fails a run
             self._complain("linking run %r to its caller's trace", run_id)
@@ -424,7 +428,7 @@ class Telemetry:
             return None
         if not link.linkable:
             return link.context
-        return link.current(chat_span_id(link.trace_id, run_id, step))
+        return link.chat(step)
 
     def tool_context(self, run_id: str, execution_id: str, attempt: int) -> Context | None:
         """The context to run a tool attempt in: the caller's, with its ``execute_tool`` span
@@ -434,7 +438,7 @@ class Telemetry:
             return None
         if not link.linkable:
             return link.context
-        return link.current(tool_span_id(link.trace_id, run_id, execution_id, attempt))
+        return link.tool(execution_id, attempt)
 
     def before_sync(self) -> None:
         """The journal is about to wait for its disk (or server): a good moment to project
@@ -445,7 +449,12 @@ class Telemetry:
         self._sync_started = time.perf_counter()
         if self._projector is None:
             self._start_projector()
-        self._wake.set()
+        wake = self._wake
+        if wake.locked():  # not woken yet: one release wakes it (a lock is the cheapest signal)
+            try:
+                wake.release()
+            except RuntimeError:  # woken by another committing thread meanwhile
+                pass
 
     def _start_projector(self) -> None:
         with self._timer_lock:
@@ -463,30 +472,31 @@ class Telemetry:
         """Project what waits for at most ``SYNC_BUDGET_S`` each time the journal syncs, so
         the committing thread finds the interpreter lock free when its sync ends; end after
         ``PROJECTOR_IDLE_S`` without work (``before_sync`` starts another)."""
-        wake, pending = self._wake, self._pending
+        wake, pending, clock = self._wake, self._pending, time.perf_counter
+        deadline = 0.0
+
+        def stop() -> bool:  # asked between events (a span's end costs the SDK ~20-30 µs)
+            return self._wanted or clock() >= deadline
+
         while True:
-            if not wake.wait(PROJECTOR_IDLE_S):
+            if not wake.acquire(timeout=PROJECTOR_IDLE_S):
                 with self._timer_lock:
-                    if not wake.is_set():
+                    if wake.acquire(blocking=False):  # woken meanwhile: go on
+                        pass
+                    else:
                         self._projector = None
                         return
-                continue
-            wake.clear()
             if not self._lock.acquire(blocking=False):
                 continue  # a release or flush is projecting: it takes everything
             try:
-                clock = time.perf_counter
                 # From the sync's start: waking this thread took part of the sync already.
                 deadline = self._sync_started + self._sync_budget_s
-                while pending and clock() < deadline and not self._wanted:
+                while pending and not stop():
                     run_id, events, model = pending.popleft()
-                    # An event at a time (a span's end costs the SDK ~20-30 µs): what is
-                    # left of the commit goes back to the front, for the next sync or release.
-                    for i, event in enumerate(events):
-                        if i and (clock() >= deadline or self._wanted):
-                            pending.appendleft((run_id, events[i:], model))
-                            break
-                        self._project(run_id, (event,), model, None)
+                    done = self._project(run_id, events, model, None, stop)
+                    if done < len(events):  # the rest waits for the next sync or release
+                        pending.appendleft((run_id, events[done:], model))
+                        break
                 if self._commits:
                     self._record_commits()
             except Exception:  # noqa: BLE001 - telemetry never fails a run
@@ -504,11 +514,19 @@ class Telemetry:
             self._record_commits()
 
     def _project(self, run_id: str, events: Sequence[ev.Event], model: Any,
-                 state: StateView | None) -> None:
-        try:
-            self._projection.project(run_id, events, model=model, state=state)
-        except Exception:  # noqa: BLE001 - telemetry never fails a run
-            self._complain("observing run %r", run_id)
+                 state: StateView | None, stop: Callable[[], bool] | None = None) -> int:
+        """Project ``events`` (see ``Projection.project``); an event whose projection fails
+        is dropped (and the failure logged once), the others are still projected."""
+        projection, start = self._projection, 0
+        while True:
+            try:
+                return start + projection.project(run_id, events[start:] if start else events,
+                                                  model=model, state=state, stop=stop)
+            except Exception:  # noqa: BLE001 - telemetry never fails a run
+                self._complain("observing run %r", run_id)
+                start += max(projection.at, 0) + 1  # past the event that failed
+                if start >= len(events):
+                    return start
 
     def journal_commit(self, latency_s: float, batch_size: int) -> None:
         """Note one durable journal commit: its latency and the appends it carried.
@@ -532,7 +550,8 @@ class Telemetry:
         first = not commits
         commits.append((latency_s, batch_size))
         if first:
-            self._schedule()
+            if self._timer is None:
+                self._schedule()
         elif len(commits) >= MAX_PENDING_COMMITS and self._lock.acquire(blocking=False):
             try:  # never waits for the lock: the writer must not wait on an exporter
                 self._record_commits()
@@ -554,6 +573,8 @@ class Telemetry:
 
     def _schedule(self) -> None:
         """Flush within FLUSH_S (one timer thread at a time, only while something waits)."""
+        if self._timer is not None:  # already set (a timer clears it before it flushes)
+            return
         with self._timer_lock:
             if self._timer is not None:
                 return

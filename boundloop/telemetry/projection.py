@@ -36,7 +36,7 @@ from boundloop import events as ev
 from boundloop.messages import Final
 from boundloop.policy import kinds
 from boundloop.telemetry import names as n
-from boundloop.telemetry._links import FixedIds, RunLink, chat_span_id, tool_span_id
+from boundloop.telemetry._links import FixedIds, RunLink, SpanIds
 
 AttrValue = str | bool | int | float | tuple[str, ...]
 Attrs = dict[str, AttrValue]
@@ -111,12 +111,13 @@ class _Attempt:
     run needs it as a parent."""
 
     __slots__ = ("execution_id", "tool", "call_id", "attempt", "start_ns", "ctx", "span",
-                 "child_end_ns", "run_id", "trace_id")
+                 "child_end_ns", "run_id", "ids")
 
     def __init__(self, run_id: str, execution_id: str, tool: str, call_id: str, attempt: int,
-                 start_ns: int, ctx: Context | None, trace_id: int = 0) -> None:
+                 start_ns: int, ctx: Context | None, ids: SpanIds | None = None) -> None:
         self.run_id = run_id
-        self.trace_id = trace_id
+        #: its run's span ids (None: the SDK's own)
+        self.ids = ids
         self.execution_id = execution_id
         self.tool = tool
         self.call_id = call_id
@@ -134,8 +135,9 @@ class _Attempt:
 
     @property
     def span_id(self) -> int:
-        """Its span's id (see ``boundloop.telemetry._links``)."""
-        return tool_span_id(self.trace_id, self.run_id, self.execution_id, self.attempt)
+        """Its span's id (see ``boundloop.telemetry._links``); 0: the SDK's own."""
+        ids = self.ids
+        return ids.tool(self.execution_id, self.attempt) if ids is not None else 0
 
     @property
     def span_name(self) -> str:
@@ -149,7 +151,7 @@ class _Run:
                  "step", "step_start", "step_end", "step_outcome", "response",
                  "args", "final_text", "parent_execution_id", "finished", "chat_name",
                  "completed", "provider", "max_tokens", "client", "client_ok", "trace_id",
-                 "info", "finish")
+                 "info", "finish", "ids", "chat_first", "chat_last")
 
     def __init__(self, run_id: str, model: str | None, provider: str = n.DEFAULT_PROVIDER,
                  max_tokens: int | None = None) -> None:
@@ -163,10 +165,20 @@ class _Run:
         #: the GenAI client metrics' series: (operation, provider, model); a completed call's
         self.client = ("chat", provider, model or n.DEFAULT_MODEL)
         self.client_ok = (*self.client, "")
+        #: the attributes every ``chat`` span of the run has, first and last (made once)
+        self.chat_first: Attrs = {n.OPERATION: "chat", n.PROVIDER: provider, n.RUN_ID: run_id,
+                                  n.CONVERSATION_ID: run_id}
+        self.chat_last: Attrs = {}
+        if model is not None:
+            self.chat_last[n.REQUEST_MODEL] = model
+        if max_tokens is not None:
+            self.chat_last[n.REQUEST_MAX_TOKENS] = max_tokens
         self.span: Span | None = None
         self.ctx: Context | None = None
         #: the trace of its spans (0 until its run span is made)
         self.trace_id = 0
+        #: its spans' ids, when they can be given (see ``boundloop.telemetry._links``)
+        self.ids: SpanIds | None = None
         #: what the provider said of the step's response (ResponseInfo), its finish reason
         self.info: Any = None
         self.finish = ""
@@ -273,6 +285,9 @@ class Projection:
         #: Gives spans the ids of ``boundloop.telemetry._links`` (None: the SDK's own ids).
         self.ids: FixedIds | None = None
         self._state: StateView | None = None
+        #: The index of the event ``project`` is projecting (after an error: the one that
+        #: failed).
+        self.at = 0
         # Dispatch on the event's type: one dict lookup instead of a chain of isinstance.
         self._handlers: dict[type, Callable[[_Run, Any], None]] = {
             ev.ModelStepStarted: self._step_started, ev.ModelStepCompleted: self._completed,
@@ -286,8 +301,11 @@ class Projection:
 
     # -- feeding ----------------------------------------------------------------------
     def project(self, run_id: str, events: Iterable[ev.Event], *, model: Any = None,
-                state: StateView | None = None) -> None:
-        """Project ``events`` of run ``run_id`` (in order; any chunking).
+                state: StateView | None = None,
+                stop: Callable[[], bool] | None = None) -> int:
+        """Project ``events`` of run ``run_id`` (in order; any chunking); return how many
+        were projected: all of them, unless ``stop`` (asked before each event but the first)
+        said to stop. While it works, ``at`` is the index of the event being projected.
 
         ``model`` names the run's ``chat`` spans (see ``model_name``); ``state``, the run's
         live state, tells the tools and open actions of a run first seen mid-way (a resumed
@@ -296,23 +314,32 @@ class Projection:
         self._state = state
         run = self.runs.get(run_id)
         handlers, on_event = self._handlers, self.on_event
-        for event in events:
-            if on_event is not None:
-                on_event(event)
-            handler = handlers.get(type(event))
-            if handler is not None:
-                if run is None:
-                    if isinstance(event, ev.CallResolved):
-                        continue  # resolved after its run ended here: nothing open to track
-                    run = self._start(run_id, model, event)
-                handler(run, event)
-                if run.finished and not self.keep_finished:
-                    run = None
-            elif isinstance(event, ev.RunAdmitted):
-                run = self._admitted(run_id, model, run, event)
-            elif isinstance(event, ev.RunResumed):
-                run = self._resumed(run_id, model, run, event)
-        self._state = None
+        i = -1
+        try:
+            for i, event in enumerate(events):  # noqa: B007 - read after the loop
+                if stop is not None and i and stop():
+                    return i
+                if on_event is not None:
+                    on_event(event)
+                handler = handlers.get(type(event))
+                if handler is not None:
+                    if run is None:
+                        if isinstance(event, ev.CallResolved):
+                            continue  # resolved after its run ended here: nothing open
+                        run = self._start(run_id, model, event)
+                    handler(run, event)
+                    if run.finished and not self.keep_finished:
+                        run = None
+                elif isinstance(event, ev.RunAdmitted):
+                    run = self._admitted(run_id, model, run, event)
+                elif isinstance(event, ev.RunResumed):
+                    run = self._resumed(run_id, model, run, event)
+            return i + 1
+        except BaseException:
+            self.at = i
+            raise
+        finally:
+            self._state = None
 
     def release(self, run_id: str, status: str | None = None, ts: float | None = None) -> bool:
         """Forget run ``run_id`` (its spans end, as ``status`` or ``unfinished``); True when
@@ -349,8 +376,7 @@ class Projection:
             if att is not None and att.ctx is not None:
                 if att.span is None:
                     att.span = self._start_span(att.span_name, att.ctx, att.base_attributes(),
-                                                att.start_ns, _INTERNAL,
-                                                att.span_id if self.ids is not None else 0)
+                                                att.start_ns, _INTERNAL, att.span_id)
                 return trace.set_span_in_context(att.span)
         if parent_run_id is not None:
             parent = self.runs.get(parent_run_id)
@@ -367,10 +393,14 @@ class Projection:
                                           kind=kind, attributes=attrs, start_time=start_ns)
         ids.give(span_id, trace_id)
         try:
-            return self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
+            span = self.tracer.start_span(name, context=ctx if ctx is not None else _ROOT,
                                           kind=kind, attributes=attrs, start_time=start_ns)
-        finally:
+        except BaseException:
+            ids.clear()  # what the SDK did not take is not left behind
+            raise
+        if trace_id:  # the SDK takes a trace id for a root span only
             ids.clear()
+        return span
 
     def _open_run_span(self, run: _Run, ts: float, parent: Context | None,
                        attrs: Attrs) -> None:
@@ -401,6 +431,10 @@ class Projection:
         run.recording = span.is_recording()
         run.trace_id = span.get_span_context().trace_id
         run.ctx = trace.set_span_in_context(span)
+        if ids is not None:
+            # The ids its handlers and model calls ran under: the link's, begun once a run.
+            run.ids = link.ids if link is not None and link.trace_id == run.trace_id else \
+                SpanIds(run.trace_id, run.run_id)
 
     def _admitted(self, run_id: str, model: Any, run: _Run | None,
                   e: ev.RunAdmitted) -> _Run:
@@ -552,11 +586,10 @@ class Projection:
         start = run.step_start
         assert start is not None
         end = run.step_end if run.step_end is not None else start
-        name = run.model
         # Attributes cost the SDK ~0.5 µs each (a sequence far more): those that say
         # nothing (a completed step, zero cache tokens, a reported usage) are left out.
-        attrs: Attrs = {n.OPERATION: "chat", n.PROVIDER: run.provider, n.RUN_ID: run.run_id,
-                        n.CONVERSATION_ID: run.run_id, n.STEP: run.step}
+        attrs = run.chat_first.copy()
+        attrs[n.STEP] = run.step
         if run.step_outcome != "completed":
             attrs[n.MODEL_OUTCOME] = run.step_outcome or n.UNFINISHED
         else:
@@ -567,10 +600,7 @@ class Projection:
                 if info.model is not None:
                     attrs[n.RESPONSE_MODEL] = info.model
             attrs[n.FINISH_REASONS] = (run.finish,)
-        if name is not None:
-            attrs[n.REQUEST_MODEL] = name
-        if run.max_tokens is not None:
-            attrs[n.REQUEST_MAX_TOKENS] = run.max_tokens
+        attrs.update(run.chat_last)
         if charged is not None:
             u = charged.usage
             attrs[n.INPUT_TOKENS] = u.all_input_tokens  # the conventions' input: all of it
@@ -585,13 +615,13 @@ class Projection:
                 attrs[n.COST] = u.cost
         if self.capture_content and run.response is not None:
             attrs[n.OUTPUT_MESSAGES] = content([run.response])
-        span = self._start_span(run.chat_name, run.ctx, attrs, _ns(start), _CLIENT,
-                                chat_span_id(run.trace_id, run.run_id, run.step)
-                                if self.ids is not None else 0)
+        ids = run.ids
+        span = self._start_span(run.chat_name, run.ctx, attrs, int(start * 1e9), _CLIENT,
+                                ids.chat(run.step) if ids is not None else 0)
         if run.step_outcome in _ERROR_STEPS:
             span.set_attribute(n.ERROR_TYPE, run.step_outcome)
             span.set_status(StatusCode.ERROR, run.step_outcome)
-        span.end(end_time=_ns(end))
+        span.end(end_time=int(end * 1e9))
         run.step_start = run.step_end = None
         run.step_outcome, run.response, run.info = "", None, None
 
@@ -622,8 +652,8 @@ class Projection:
         previous = run.attempts.get(eid)
         if previous is not None:
             self._end_attempt(run, previous, n.UNFINISHED, e.ts, None)
-        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, _ns(e.ts), run.ctx,
-                       run.trace_id)
+        att = _Attempt(run.run_id, eid, tool, call_id, e.attempt, int(e.ts * 1e9), run.ctx,
+                       run.ids)
         run.attempts[eid] = att
         attempts = self.attempts
         if len(attempts) >= self.max_attempts:
@@ -686,7 +716,7 @@ class Projection:
         if latency:
             end = att.start_ns + int(latency * 1e9)
         else:
-            end = _ns(ts) if ts is not None else att.start_ns
+            end = int(ts * 1e9) if ts is not None else att.start_ns
         end = max(end, att.child_end_ns, att.start_ns)
         span = att.span
         # Made in one go, with all its attributes, when it ends (unless a child run needed
@@ -703,7 +733,7 @@ class Projection:
                 attrs[n.TOOL_RESULT] = content(result)
         if span is None:
             span = self._start_span(att.span_name, att.ctx, attrs, att.start_ns, _INTERNAL,
-                                    att.span_id if self.ids is not None else 0)
+                                    att.span_id)
         else:
             span.set_attributes(attrs)
         if error is not None or outcome == n.UNFINISHED:
