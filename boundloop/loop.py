@@ -26,18 +26,8 @@ from boundloop.actors.workers import RunLoop, is_async
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
-from boundloop.errors import JournalError, LeaseLost, SequenceConflict
-from boundloop.messages import (
-    AssistantMessage,
-    CallMessage,
-    CallTools,
-    Message,
-    ToolCall,
-    ToolResultMessage,
-    copy_history,
-)
-from boundloop.policy import decide
-from boundloop.policy.budget import (
+from boundloop.core import rules as decide
+from boundloop.core.budget import (
     Budget,
     LedgerReply,
     Price,
@@ -49,8 +39,19 @@ from boundloop.policy.budget import (
     sub_counts,
     within_tree,
 )
-from boundloop.policy.decide import Attempt as Attempt
-from boundloop.policy.kinds import Decision
+from boundloop.core.kinds import Decision
+from boundloop.core.replay import RunState, apply
+from boundloop.core.rules import Attempt as Attempt
+from boundloop.errors import JournalError, LeaseLost, SequenceConflict
+from boundloop.messages import (
+    AssistantMessage,
+    CallMessage,
+    CallTools,
+    Message,
+    ToolCall,
+    ToolResultMessage,
+    copy_history,
+)
 from boundloop.policy.redact import (
     ARGUMENTS_NOT_KEPT,
     KEPT_FIELDS,
@@ -59,7 +60,6 @@ from boundloop.policy.redact import (
     plain_result,
     same_value,
 )
-from boundloop.policy.replay import RunState, apply
 from boundloop.policy.safe_text import describe_exception
 from boundloop.results import RunResult, UnresolvedAction
 from boundloop.tools import ArgumentError, Tool

@@ -32,6 +32,10 @@ from boundloop.agent import Agent, check_labels
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import Model
+from boundloop.core import rules as decide
+from boundloop.core.budget import Budget, Price, Remaining, Usage, carve
+from boundloop.core.kinds import RunStatus
+from boundloop.core.replay import ReplayError, RunState, apply, replay
 from boundloop.errors import (
     AdmissionError,
     ApprovalError,
@@ -50,11 +54,7 @@ from boundloop.journal.lmdb import LmdbJournal
 from boundloop.loop import Driver, Estimator, ParentLink, Permit, RunSpec, run_deadline
 from boundloop.messages import Message, UserMessage, to_history
 from boundloop.owners import owner_alive, this_process
-from boundloop.policy import decide
-from boundloop.policy.budget import Budget, Price, Remaining, Usage, carve
-from boundloop.policy.kinds import RunStatus
 from boundloop.policy.redact import Scrubber, digests_in, journal_safe, storable
-from boundloop.policy.replay import ReplayError, RunState, apply, replay
 from boundloop.recovery import RecoveredRun
 from boundloop.results import RunResult
 from boundloop.telemetry import Telemetry

@@ -22,8 +22,8 @@ import msgspec
 from boundloop.actors._base import Actor
 from boundloop.actors.messages import DispatchBatch
 from boundloop.actors.workers import NotStarted, Workers, outcome, tell
+from boundloop.core import rules as decide
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
-from boundloop.policy import decide
 from boundloop.policy.safe_text import describe_exception
 from boundloop.telemetry import Telemetry
 from boundloop.tools import ToolContext

@@ -50,7 +50,7 @@ def _segments(events: list[ev.Event]) -> list[tuple[int, str, ev.Event]]:
 
 def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
            lives: list[_Life] | None = None, down: list[list[float]] | None = None) -> None:
-    from boundloop.policy.replay import ReplayError, replay
+    from boundloop.core.replay import ReplayError, replay
 
     lives = lives or []
     down = down or []

@@ -76,6 +76,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from boundloop.context import ModelContext
+from boundloop.core.budget import Usage
 from boundloop.errors import ConfigError
 from boundloop.messages import CallTools, Final, Malformed, ToolCall
 from boundloop.models._common import (
@@ -108,7 +109,6 @@ from boundloop.models._stream import (
     pump,
     stream_transient,
 )
-from boundloop.policy.budget import Usage
 from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import RetryPolicy
 
