@@ -71,7 +71,7 @@ HUNG_AFTER_S = GRACE_S * 0.7
 #: How often a run past that point is looked at again, until it ends.
 WATCH_EVERY_S = 0.05
 
-_Wall = Literal["cancelled", "deadline", "grace"]
+_Wall = Literal["cancel", "deadline", "grace"]
 
 
 class _Run(msgspec.Struct):
@@ -512,7 +512,7 @@ class SupervisorActor(Actor):
         future.add_done_callback(returned)
         if cancel is not None:
             call.unwatch = cancel.on_cancel(lambda: tell(me, _UserWall(run_id, token,
-                                                                       "cancelled")))
+                                                                       "cancel")))
         if deadline is not None:
             self.workers.timer.at(deadline, lambda: tell(me, _UserWall(run_id, token,
                                                                        "deadline")))
@@ -537,9 +537,9 @@ class SupervisorActor(Actor):
             self.workers.compensate(call.future)
         latency = time.perf_counter() - call.started if call.started else 0.0
         self._user_answered(run_id, run, ModelReply(
-            None, TimeoutError("abandoned at the run's deadline" if why != "cancelled"
+            None, TimeoutError("abandoned at the run's deadline" if why != "cancel"
                                else "abandoned: the run was cancelled"),
-            latency, abandoned="cancelled" if why == "cancelled" else "deadline"))
+            latency, abandoned="cancelled" if why == "cancel" else "deadline"))
 
     def _user_answered(self, run_id: str, run: _Run, reply: ModelReply) -> None:
         call = run.call
