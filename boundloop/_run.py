@@ -121,6 +121,9 @@ class Dispatch(msgspec.Struct):
     #: the attempt's CallDispatched durable, then calls ``done(None)`` (or the error).
     record: Callable[[str, int, list[Attempt], Callable[[BaseException | None], None]],
                      None] | None = None
+    #: Set by whoever performs the effect: ``retry(failed, done)`` asks the run whether an
+    #: attempt that failed is tried again; ``done(delay)`` answers (None: it is not).
+    retry: Callable[[Any, Callable[[float | None], None]], None] | None = None
     #: Set by whoever performs the effect: where async handlers run (the run's loop).
     loop: RunLoop | asyncio.AbstractEventLoop | None = None
     #: The run's ownership epoch, given to handlers as a fencing token.

@@ -211,6 +211,13 @@ class Driver:
         batch, m.pending = m.pending, []
         return batch
 
+    def may_retry(self, failed: fact.AttemptFailed) -> float | None:
+        """``core``'s answer to an attempt that failed: the delay before the next attempt,
+        or None when the call is over."""
+        step = decide(self.machine, failed, self.now())
+        retry = step.effects[0] if step.effects else None
+        return retry.delay_s if isinstance(retry, fx.Retry) else None
+
     # -- effects ---------------------------------------------------------------------------
     def perform(self, effect: fx.Effect) -> Generator[Effect, Any, fact.Input]:
         """Perform one of ``core``'s effects through the supervisor; the outcome as a fact."""

@@ -276,3 +276,53 @@ def test_the_literal_finder_finds_comparisons(tmp_path: Any) -> None:
     source = tmp_path / "m.py"
     source.write_text('x = 1\nif s == "final" or s in ("allow", "deny"):\n    pass\n')
     assert _compared_literals(source) == [(2, "final"), (2, "allow"), (2, "deny")]
+
+
+def test_core_imports_nothing_that_does_io_threads_or_time() -> None:
+    """core/ is pure (DESIGN rule 3): it imports no I/O, thread, clock or randomness module,
+    and of boundloop only data modules and the pure text helpers."""
+    import ast
+    from pathlib import Path
+
+    import boundloop
+
+    allowed_stdlib = {"__future__", "collections", "typing", "hashlib", "json", "math",
+                      "sys"}
+    allowed_own = ("boundloop.core", "boundloop.events", "boundloop.messages",
+                   "boundloop.results", "boundloop.errors", "boundloop.policy.redact",
+                   "boundloop.policy.safe_text")
+    core = Path(boundloop.__file__).parent / "core"
+    for path in sorted(core.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.ImportFrom) and node.module == "boundloop":
+                names = [f"boundloop.{a.name}" for a in node.names]  # from boundloop import x
+            for name in names:
+                own = name.startswith("boundloop")
+                ok = name.startswith(allowed_own) if own else \
+                    name.split(".")[0] in allowed_stdlib | {"msgspec"}
+                assert ok, f"core/{path.name} imports {name}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3), st.lists(st.tuples(st.booleans(), st.integers(1, 4),
+                                             st.sampled_from([0.0, 0.5, 30.0]),
+                                             st.sampled_from([None, "cancelled", "lease"])),
+                                   max_size=6))
+def test_retries_are_decided_by_the_run(allowance: int, failures: list[Any]) -> None:
+    """SPEC 6: a failed attempt is tried again only when it is retryable, attempts and the
+    batch's call budget are left, nothing stops dispatch and the delay ends before the
+    deadline; each retry spends one of the allowance."""
+    m = machine(Budget(max_model_steps=2, max_tool_calls=5))
+    m.allowance, m.deadline = allowance, 110.0
+    left = allowance
+    for retryable, made, delay, gate in failures:
+        step = decide(m, fact.AttemptFailed("run-1:1:0", retryable, 3, made, delay, gate),
+                      Instant(0.0, 100.0))
+        expected = retryable and left > 0 and made < 3 and gate is None and 100.0 + delay < 110.0
+        assert bool(step.effects) == expected and not step.events
+        if expected:
+            assert step.effects == [fx.Retry("run-1:1:0", delay)]
+            left -= 1
+        assert m.allowance == left

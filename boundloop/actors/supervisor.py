@@ -39,6 +39,7 @@ from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import RunLoop, Timer, Workers, outcome, tell
+from boundloop.core.inputs import AttemptFailed
 from boundloop.errors import JournalError, JournalUnavailable, LeaseLost
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
@@ -126,6 +127,12 @@ class _RecordAttempt(msgspec.Struct):
     attempt: int
     before: list[Attempt]
     done: Callable[[BaseException | None], None]
+
+
+class _AskRetry(msgspec.Struct):
+    run_id: str
+    failed: AttemptFailed
+    done: Callable[[float | None], None]
 
 
 class _AttemptRecorded(msgspec.Struct):
@@ -329,6 +336,17 @@ class SupervisorActor(Actor):
                     self._give_up_commit(run_id, late)
             case _RecordAttempt():
                 self._record_attempt(message)
+            case _AskRetry(run_id=run_id, failed=failed, done=answer):
+                asking = self.runs.get(run_id)
+                if asking is None:
+                    answer(None)  # the run is no longer driven here: nothing more starts
+                    return
+                try:
+                    delay = asking.driver.may_retry(failed)
+                except Exception:
+                    answer(None)  # the call ends; the run fails by the failure rule
+                    raise
+                answer(delay)
             case _AttemptRecorded(run_id=run_id, events=events, error=error, done=done):
                 recording = self.runs.get(run_id)
                 if recording is not None and error is not None:
@@ -438,6 +456,8 @@ class SupervisorActor(Actor):
                     effect.leased = run.driver.spec.lease_ok
                     effect.record = lambda eid, attempt, before, done: tell(
                         me, _RecordAttempt(run_id, eid, attempt, before, done))
+                    effect.retry = lambda failed, done: tell(
+                        me, _AskRetry(run_id, failed, done))
 
                 def completed(outcomes: Any, err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, outcomes, err, generation=generation))

@@ -25,6 +25,7 @@ from boundloop.core.effects import (
     Commit,
     Estimate,
     InvokeModel,
+    Retry,
     StartCalls,
     Step,
 )
@@ -45,6 +46,7 @@ from boundloop.core.finish import (
 )
 from boundloop.core.inputs import (
     ApprovalsRuled,
+    AttemptFailed,
     AttemptsEnded,
     AttemptStarting,
     CallsChecked,
@@ -111,6 +113,8 @@ def decide(m: Machine, inp: Input, now: Instant) -> Step:
         m.committing = []
     elif isinstance(inp, AttemptStarting):
         return _attempt_starting(m, inp, now)
+    elif isinstance(inp, AttemptFailed):
+        return _may_retry(m, inp, now)
     elif isinstance(inp, Failed):
         m.pending = []
         return halt(m, Stop("needs_review", detail=inp.detail, plain=True), now)
@@ -378,7 +382,7 @@ def _dispatch_tree(m: Machine, inp: TreeReplied, now: Instant) -> Step:
 def _dispatch(m: Machine, _: Tick, now: Instant) -> Step:
     if not m.planned_calls:
         return end_round(m, [], m.skipped, now)
-    allowance = m.current.max_tool_calls - m.state.tool_calls
+    allowance = m.allowance = m.current.max_tool_calls - m.state.tool_calls
     link(m)
     m.stage = "dispatch"
     return Step([], [StartCalls(list(m.planned_calls), m.config.budget.max_parallel,
@@ -409,6 +413,19 @@ def _attempt_starting(m: Machine, inp: AttemptStarting, now: Instant) -> Step:
     events.append(ev.CallDispatched(**stamp(m, now), execution_id=inp.execution_id,
                                     attempt=inp.attempt))
     return Step(events)
+
+
+def _may_retry(m: Machine, inp: AttemptFailed, now: Instant) -> Step:
+    """SPEC 6: another attempt runs when the failure is retryable, attempts and the batch's
+    call budget are left, nothing stops dispatch, and its delay ends before the deadline.
+    Its CallDispatched is made durable before it starts (``AttemptStarting``)."""
+    if not rules.may_retry(retryable=inp.retryable, max_attempts=inp.max_attempts,
+                           attempts_made=inp.attempts_made, allowance=m.allowance,
+                           delay_s=inp.delay_s, now=now.mono, deadline=m.deadline,
+                           gate=inp.gate):
+        return Step()
+    m.allowance -= 1
+    return Step([], [Retry(inp.execution_id, inp.delay_s)])
 
 
 def _handlers() -> dict[tuple[str, type], Callable[[Machine, Any, Instant], Step]]:

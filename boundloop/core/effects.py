@@ -95,6 +95,14 @@ class StartCalls(msgspec.Struct, frozen=True):
     link_step: int
 
 
+class Retry(msgspec.Struct, frozen=True):
+    """Try the call again after ``delay_s`` (its CallDispatched is made durable first, as
+    every attempt's): the answer to ``AttemptFailed``."""
+
+    execution_id: str
+    delay_s: float = 0.0
+
+
 class Finish(msgspec.Struct, frozen=True):
     """The run is over: its result."""
 
@@ -102,7 +110,7 @@ class Finish(msgspec.Struct, frozen=True):
 
 
 Effect = (Commit | ChargeTree | Estimate | InvokeModel | CheckCalls | AskApproval | Validate
-          | Reconcile | StartCalls | Finish)
+          | Reconcile | StartCalls | Retry | Finish)
 
 
 class Step(msgspec.Struct):

@@ -128,6 +128,20 @@ class AttemptStarting(msgspec.Struct, frozen=True):
     before: list[Attempt]
 
 
+class AttemptFailed(msgspec.Struct, frozen=True):
+    """An attempt raised or timed out (and reconcile did not say it took effect): may the
+    call be tried again? ``retryable``: the failure is one the tool retries (its
+    ``retry_on``; a timeout only when a retry cannot do the action twice); ``delay_s``:
+    the tool's delay before the next attempt; ``gate``: why nothing may start now."""
+
+    execution_id: str
+    retryable: bool
+    max_attempts: int
+    attempts_made: int
+    delay_s: float = 0.0
+    gate: SkipReason | None = None
+
+
 class Failed(msgspec.Struct, frozen=True):
     """Driving the run failed inside boundloop (a bug): end it in order."""
 
@@ -136,4 +150,4 @@ class Failed(msgspec.Struct, frozen=True):
 
 Input = (Tick | Committed | EffectFailed | TreeReplied | Estimated | ModelReplied
          | CallsChecked | ApprovalsRuled | Validated | Reconciled | AttemptsEnded
-         | AttemptStarting | Failed)
+         | AttemptStarting | AttemptFailed | Failed)

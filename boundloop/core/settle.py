@@ -68,7 +68,7 @@ def _settle_validated(m: Machine, inp: Validated, now: Instant) -> Step:
         return then(m, "settle", [ev.CallOutcomeUnknown(
             **stamp(m, now), execution_id=eid, attempt=m.settle_attempt,
             content="the call's outcome is unknown and no budget is left to retry it")])
-    allowance = budget.max_tool_calls - st.tool_calls - 1
+    allowance = m.allowance = budget.max_tool_calls - st.tool_calls - 1
     link(m)
     m.stage = "settle_dispatch"
     return Step([], [StartCalls([CallStart(eid, rec.idempotency_key, rec.call_id, rec.tool,
@@ -134,7 +134,7 @@ def _approved_validated(m: Machine, inp: Validated, now: Instant) -> Step:
 
 def _approved_go(m: Machine, _: Tick, now: Instant) -> Step:
     st = m.state
-    allowance = m.config.budget.max_tool_calls - st.tool_calls
+    allowance = m.allowance = m.config.budget.max_tool_calls - st.tool_calls
     link(m)
     m.stage = "approved_dispatch"
     return Step([], [StartCalls(list(m.planned_calls), m.config.budget.max_parallel,

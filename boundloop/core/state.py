@@ -142,6 +142,9 @@ class Machine(msgspec.Struct, kw_only=True):
     settle_attempt: int = 0
     settle_retryable: bool = False
     approved_ids: list[str] = msgspec.field(default_factory=list)
+    #: Retries the calls being run may still make (the call budget left when they
+    #: started); decided here as each attempt fails (``AttemptFailed``).
+    allowance: int = 0
     result: RunResult | None = None
 
     def elapsed(self, mono: float) -> float:
