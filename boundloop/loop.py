@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import msgspec
@@ -129,6 +129,8 @@ class Driver:
         self.kwargs: dict[str, dict[str, Any]] = {}
         self.copies: list[ToolCall] = []
         self.ctx: ModelContext | None = None
+        #: Set by whoever performs the effects: False once the journal can record nothing.
+        self.recordable: Callable[[], bool] | None = None
 
     # -- what the supervisor and the runner read ------------------------------------------
     @property
@@ -144,10 +146,10 @@ class Driver:
     def now(self) -> Instant:
         """The clock and the world's flags, read once per decision."""
         spec, clock = self.spec, self.clock
-        lease_ok = spec.lease_ok
+        lease_ok, recordable = spec.lease_ok, self.recordable
         return Instant(clock.time(), clock.monotonic(), spec.cancel.cancelled,
                        spec.cancel.reason, spec.children.is_set(),
-                       lease_ok is None or lease_ok())
+                       lease_ok is None or lease_ok(), recordable is None or recordable())
 
     def take(self, events: list[ev.Event]) -> None:
         """Record what ``decide`` decided: each event in its journal form is folded into the

@@ -40,7 +40,7 @@ from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import RunLoop, Timer, Workers, outcome, tell
 from boundloop.core.inputs import AttemptFailed
-from boundloop.errors import JournalError, JournalUnavailable, LeaseLost
+from boundloop.errors import JournalError, JournalUnavailable
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
     Attempt,
@@ -298,6 +298,9 @@ class SupervisorActor(Actor):
                 if future.done() and self._dropped(spec.run_id):
                     return  # ended while this thread hung in a commit (see watch)
                 driver = Driver(spec)
+                journal = self.journal
+                # The run decides (fail closed) not to call the model on a closed journal.
+                driver.recordable = lambda: not journal.closed
                 run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop),
                            generation=next(self._generations))
                 self.runs[spec.run_id] = run
@@ -427,15 +430,6 @@ class SupervisorActor(Actor):
                                      self._fence(run)))
             case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
                 self._call_user(run_id, run, fn, args, deadline, cancel)
-            case InvokeModel() if self.journal.closed:
-                # Fail closed: no model step the journal could not record.
-                self._advance(run_id, run, None, JournalUnavailable(
-                    "the journal was closed; the model was not called"))
-            case InvokeModel() if not self._leased(run):
-                self._advance(run_id, run, None, LeaseLost(
-                    "this runner stopped starting work (it is shutting down, or its lease ran "
-                    "out: was the process paused?) and did not call the model; another runner "
-                    "may take the run over"))
             case InvokeModel(model=model, history=history, ctx=ctx):
                 # The step's chat span is current in the model call (a provider SDK's spans
                 # nest under it).
@@ -598,11 +592,6 @@ class SupervisorActor(Actor):
         # append (an OwnerClaimed with no owner, already folded): fenced at the epoch before.
         epoch = run.driver.state.epoch - (1 if run.driver.releasing else 0)
         return Fence(run.driver.spec.owner, epoch)
-
-    @staticmethod
-    def _leased(run: _Run) -> bool:
-        lease_ok = run.driver.spec.lease_ok
-        return lease_ok is None or lease_ok()
 
 
 def _once(done: Callable[[BaseException | None], None]) -> Callable[[BaseException | None],

@@ -120,12 +120,7 @@ def decide(m: Machine, inp: Input, now: Instant) -> Step:
         return halt(m, Stop("needs_review", detail=inp.detail, plain=True), now)
     if isinstance(inp, EffectFailed) and m.stage not in _FINISHING:
         if m.stage == "model":
-            # Refused before the model was called (lease lost, journal closed): the step
-            # counted in the live state never ran, and is never recorded (SPEC 5: model
-            # steps count callback invocations).
-            m.uninvoked += 1
-            m.pending = [e for e in m.pending
-                         if not (isinstance(e, ev.ModelStepStarted) and e.step == m.step)]
+            _uninvoked(m)
         # A lost lease is this runner's, not the journal's failing: it says so alone.
         return halt(m, Stop("journal_unavailable", detail=inp.error, plain=inp.lease), now)
     handler = _HANDLERS.get((m.stage, type(inp)))
@@ -224,7 +219,30 @@ def _estimated(m: Machine, inp: Estimated, now: Instant) -> Step:
     return then(m, "invoke", [started])
 
 
+#: Why a model step was not run (fail closed, SPEC 6).
+JOURNAL_CLOSED = "the journal was closed; the model was not called"
+FENCED = ("this runner stopped starting work (it is shutting down, or its lease ran out: was "
+          "the process paused?) and did not call the model; another runner may take the run "
+          "over")
+
+
+def _uninvoked(m: Machine) -> None:
+    """Refused before the model was called (lease lost, journal closed): the step counted
+    in the live state never ran, and is never recorded (SPEC 5: model steps count callback
+    invocations)."""
+    m.uninvoked += 1
+    m.pending = [e for e in m.pending
+                 if not (isinstance(e, ev.ModelStepStarted) and e.step == m.step)]
+
+
 def _invoke(m: Machine, _: Tick, now: Instant) -> Step:
+    if not now.recordable or not now.leased:
+        # Fail closed: no model step the journal could not record, and none on a runner
+        # that fenced itself (its lease, or a worker shutting down).
+        _uninvoked(m)
+        return halt(m, Stop("journal_unavailable",
+                            detail=JOURNAL_CLOSED if not now.recordable else FENCED,
+                            plain=now.recordable), now)
     st = m.state
     left = remaining(m.current, st.model_steps, st.tool_calls, st.usage - m.reservation,
                      m.elapsed(now.mono))

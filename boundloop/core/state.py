@@ -30,7 +30,8 @@ Stage = Literal[
 class Instant(msgspec.Struct, frozen=True):
     """What the world says at the moment of a decision (DESIGN rule 3: the clock and flags
     are inputs): wall and monotonic time, whether the run is cancelled (and why), whether
-    a handler of it started a child run, and whether this runner's lease still holds."""
+    a handler of it started a child run, whether this runner's lease still holds, and
+    whether the journal can still record (it is not closed)."""
 
     ts: float
     mono: float
@@ -38,6 +39,7 @@ class Instant(msgspec.Struct, frozen=True):
     cancel_reason: str = ""
     children: bool = False
     leased: bool = True
+    recordable: bool = True
 
 
 class ToolFacts(msgspec.Struct, frozen=True):
