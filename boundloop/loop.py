@@ -131,6 +131,9 @@ class Driver:
         self.ctx: ModelContext | None = None
         #: Set by whoever performs the effects: False once the journal can record nothing.
         self.recordable: Callable[[], bool] | None = None
+        #: Set by whoever performs the effects: False once this runner fenced itself (else
+        #: the spec's ``lease_ok`` is read).
+        self.leased: Callable[[], bool] | None = None
 
     # -- what the supervisor and the runner read ------------------------------------------
     @property
@@ -146,7 +149,8 @@ class Driver:
     def now(self) -> Instant:
         """The clock and the world's flags, read once per decision."""
         spec, clock = self.spec, self.clock
-        lease_ok, recordable = spec.lease_ok, self.recordable
+        lease_ok = self.leased or spec.lease_ok
+        recordable = self.recordable
         return Instant(clock.time(), clock.monotonic(), spec.cancel.cancelled,
                        spec.cancel.reason, spec.children.is_set(),
                        lease_ok is None or lease_ok(), recordable is None or recordable())
