@@ -22,26 +22,58 @@ from boundloop import events as ev
 from boundloop import pricing
 from boundloop._journal_form import JournalForm
 from boundloop._run import (
-    CallUser,
-    Commit,
-    Dispatch,
-    Effect,
-    Estimator,
-    InvokeModel,
-    Ledger,
-    ModelReply,
-    Outcome,
-    ParentLink,
-    Permit,
-    Planned,
-    Reconcile,
-    RunSpec,
+    CallUser as CallUser,
+)
+from boundloop._run import (
+    Commit as Commit,
+)
+from boundloop._run import (
+    Dispatch as Dispatch,
+)
+from boundloop._run import (
+    Effect as Effect,
+)
+from boundloop._run import (
+    Estimator as Estimator,
+)
+from boundloop._run import (
+    InvokeModel as InvokeModel,
+)
+from boundloop._run import (
+    Ledger as Ledger,
+)
+from boundloop._run import (
+    ModelReply as ModelReply,
+)
+from boundloop._run import (
+    Outcome as Outcome,
+)
+from boundloop._run import (
+    ParentLink as ParentLink,
+)
+from boundloop._run import (
+    Permit as Permit,
+)
+from boundloop._run import (
+    Planned as Planned,
+)
+from boundloop._run import (
+    Reconcile as Reconcile,
+)
+from boundloop._run import (
+    RunSpec as RunSpec,
+)
+from boundloop._run import (
     _apermits,
     _approvals,
     _permits,
-    content_of,
     elapsed_before_start,
-    run_deadline,
+)
+from boundloop._run import (
+    content_of as content_of,
+)
+from boundloop._run import (
+    run_deadline as run_deadline,
 )
 from boundloop.actors.workers import is_async
 from boundloop.context import ModelContext
@@ -51,7 +83,7 @@ from boundloop.core.budget import Price, Usage, default_reservation, priced
 from boundloop.core.decide import admission, decide
 from boundloop.core.finish import lose, outbox, unavailable
 from boundloop.core.replay import RunState, apply
-from boundloop.core.rules import Attempt
+from boundloop.core.rules import Attempt as Attempt
 from boundloop.core.state import Config, Instant, Machine, ToolFacts
 from boundloop.errors import JournalError, LeaseLost, SequenceConflict
 from boundloop.messages import ToolCall, copy_history
@@ -59,10 +91,6 @@ from boundloop.policy.redact import Scrubber, journal_safe, plain_result
 from boundloop.policy.safe_text import describe_exception
 from boundloop.results import RunResult
 from boundloop.tools import ArgumentError, Tool
-
-__all__ = ["Attempt", "CallUser", "Commit", "Dispatch", "Driver", "Effect", "Estimator",
-           "InvokeModel", "Ledger", "ModelReply", "Outcome", "ParentLink", "Permit", "Planned",
-           "Reconcile", "RunSpec", "content_of", "drive", "run_deadline"]
 
 _json = msgspec.json.Encoder()
 _schemas_decoder = msgspec.json.Decoder(list[dict[str, Any]])
