@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from boundloop.cancel import CancelToken
     from boundloop.clock import Clock, FakeClock
     from boundloop.context import Model, ModelContext
+    from boundloop.core.budget import Budget, Price, Remaining, Usage
+    from boundloop.core.replay import ReplayError, RunState, apply, replay
     from boundloop.errors import (
         AdmissionError,
         ApprovalError,
@@ -71,8 +73,6 @@ if TYPE_CHECKING:
     )
     from boundloop.models._stream import TextDelta, TextStream
     from boundloop.models.scripted import ScriptedModel, ScriptExhausted
-    from boundloop.policy.budget import Budget, Price, Remaining, Usage
-    from boundloop.policy.replay import ReplayError, RunState, apply, replay
     from boundloop.recovery import RecoveredRun
     from boundloop.results import CompletedAction, RunResult, UnresolvedAction
     from boundloop.runner import Runner
@@ -144,14 +144,14 @@ _WHERE: dict[str, str] = {
     "TextDelta": "boundloop.models._stream",
     "TextStream": "boundloop.models._stream",
     "ScriptExhausted": "boundloop.models.scripted",
-    "Budget": "boundloop.policy.budget",
-    "Price": "boundloop.policy.budget",
-    "Remaining": "boundloop.policy.budget",
-    "Usage": "boundloop.policy.budget",
-    "ReplayError": "boundloop.policy.replay",
-    "RunState": "boundloop.policy.replay",
-    "apply": "boundloop.policy.replay",
-    "replay": "boundloop.policy.replay",
+    "Budget": "boundloop.core.budget",
+    "Price": "boundloop.core.budget",
+    "Remaining": "boundloop.core.budget",
+    "Usage": "boundloop.core.budget",
+    "ReplayError": "boundloop.core.replay",
+    "RunState": "boundloop.core.replay",
+    "apply": "boundloop.core.replay",
+    "replay": "boundloop.core.replay",
     "RecoveredRun": "boundloop.recovery",
     "CompletedAction": "boundloop.results",
     "RunResult": "boundloop.results",

@@ -6,8 +6,8 @@ import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from boundloop.core.budget import Budget
 from boundloop.errors import ConfigError
-from boundloop.policy.budget import Budget
 
 #: Labels a run may carry, and how long their keys and values may be.
 MAX_LABELS, MAX_LABEL_KEY, MAX_LABEL_VALUE = 32, 64, 256

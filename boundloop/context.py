@@ -8,8 +8,8 @@ from typing import Any, Protocol
 import msgspec
 
 from boundloop.cancel import CancelToken
+from boundloop.core.budget import Remaining
 from boundloop.messages import CallTools, Final, Malformed, Message
-from boundloop.policy.budget import Remaining
 
 #: What a model returns (SPEC 2): a Final or CallTools, their dict form, or (from a provider
 #: adapter) a Malformed saying why the provider gave no usable answer. Anything else is

@@ -12,10 +12,10 @@ from typing import Any
 
 import msgspec
 
+from boundloop.core import kinds
+from boundloop.core.budget import Budget, Usage
 from boundloop.messages import CallTools, Final, ToolCall
 from boundloop.models.scripted import ScriptedModel
-from boundloop.policy import kinds
-from boundloop.policy.budget import Budget, Usage
 from boundloop.results import RunResult
 from boundloop.runner import Runner
 from boundloop.tools import Tool, ToolContext, tool

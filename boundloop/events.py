@@ -13,8 +13,8 @@ from typing import Any
 
 import msgspec
 
+from boundloop.core.budget import Budget, Usage
 from boundloop.messages import Message, Response
-from boundloop.policy.budget import Budget, Usage
 
 
 class Event(msgspec.Struct, frozen=True, tag_field="type", kw_only=True):

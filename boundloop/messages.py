@@ -10,8 +10,8 @@ from typing import Annotated, Any, ClassVar
 
 import msgspec
 
+from boundloop.core.budget import Usage
 from boundloop.errors import ConfigError
-from boundloop.policy.budget import Usage
 from boundloop.policy.redact import (
     MAX_DEPTH,
     json_problem,

@@ -18,9 +18,9 @@ from typing import Any, Literal
 
 import msgspec
 
+from boundloop.core.budget import Price, Quote, Usage
 from boundloop.errors import ConfigError
 from boundloop.messages import CallTools, Final, Malformed
-from boundloop.policy.budget import Price, Quote, Usage
 
 __all__ = ["AUTO", "PriceOption", "Unpriced", "catalogue_cost", "require_catalogue"]
 

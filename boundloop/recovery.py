@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import msgspec
 
-from boundloop.policy.replay import RunState
+from boundloop.core.replay import RunState
 from boundloop.results import UnresolvedAction
 
 __all__ = ["RecoveredRun"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import msgspec
 
+from boundloop.core.budget import Usage
+from boundloop.core.kinds import RunStatus
 from boundloop.messages import Message
-from boundloop.policy.budget import Usage
-from boundloop.policy.kinds import RunStatus
 
 __all__ = ["CompletedAction", "RunResult", "UnresolvedAction"]
 
@@ -42,7 +42,7 @@ class RunResult(msgspec.Struct, frozen=True):
     """How a run ended (SPEC 1)."""
 
     run_id: str
-    #: One of the statuses of SPEC 3 (``boundloop.policy.kinds.RunStatus``).
+    #: One of the statuses of SPEC 3 (``boundloop.core.kinds.RunStatus``).
     status: RunStatus
     exhausted_limit: str | None
     explanation: str

@@ -35,12 +35,12 @@ from boundloop.actors.supervisor import Shard, SupervisorActor
 from boundloop.actors.workers import MAX_THREADS, Workers
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
+from boundloop.core.budget import Price
 from boundloop.errors import ConfigError, JournalError
 from boundloop.journal import lmdb as lmdb_journal
 from boundloop.journal.base import Journal
 from boundloop.journal.lmdb import LmdbJournal
 from boundloop.loop import Estimator
-from boundloop.policy.budget import Price
 from boundloop.policy.redact import Scrubber
 from boundloop.results import RunResult
 from boundloop.telemetry import Telemetry

@@ -22,9 +22,9 @@ import msgspec
 
 from boundloop import events as ev
 from boundloop._text import money, plain
+from boundloop.core import kinds
 from boundloop.errors import JournalCorrupt
 from boundloop.journal.base import Journal
-from boundloop.policy import kinds
 from boundloop.telemetry import names as n
 from boundloop.telemetry.projection import Projection
 

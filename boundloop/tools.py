@@ -15,8 +15,8 @@ from typing import Any
 
 import msgspec
 
+from boundloop.core.budget import MAX_SECONDS, MAX_WHOLE, bad_seconds
 from boundloop.errors import BoundloopError, ConfigError
-from boundloop.policy.budget import MAX_SECONDS, MAX_WHOLE, bad_seconds
 from boundloop.policy.redact import ARGUMENTS_NOT_KEPT, arguments_not_kept, shape_problem
 from boundloop.policy.safe_text import describe_exception
 

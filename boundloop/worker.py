@@ -23,11 +23,11 @@ from types import FrameType
 from typing import Any
 
 from boundloop.agent import Agent
+from boundloop.core import kinds
+from boundloop.core.replay import ReplayError
 from boundloop.errors import BoundloopError, ConfigError, JournalCorrupt, RecoveryError
 from boundloop.journal.base import Journal, RunInfo
 from boundloop.owners import owner_alive
-from boundloop.policy import kinds
-from boundloop.policy.replay import ReplayError
 from boundloop.results import RunResult
 from boundloop.runner import Runner
 

@@ -21,8 +21,8 @@ from loop_helpers import journal_of
 
 import boundloop as bl
 from boundloop import events as ev
+from boundloop.core.budget import MAX_SECONDS, MAX_WHOLE
 from boundloop.policy import redact as pr
-from boundloop.policy.budget import MAX_SECONDS, MAX_WHOLE
 from boundloop.policy.safe_text import MAX_TEXT, describe_exception
 
 DEPTH = pr.MAX_DEPTH
@@ -410,7 +410,7 @@ def test_the_largest_budget_runs_to_the_end(runner: bl.Runner) -> None:
 
 
 def test_a_child_of_a_huge_budget_stays_a_valid_budget() -> None:
-    from boundloop.policy.budget import TreeLeft, Usage, within_tree
+    from boundloop.core.budget import TreeLeft, Usage, within_tree
 
     budget = bl.Budget(max_tool_calls=MAX_WHOLE)
     narrowed = within_tree(budget, 5, Usage(input_tokens=5, cost=1e308),

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 import boundloop as bl
 from boundloop import events as ev
-from boundloop.policy import decide
-from boundloop.policy.budget import Budget, Usage
-from boundloop.policy.replay import RunState, apply, replay
+from boundloop.core import rules as decide
+from boundloop.core.budget import Budget, Usage
+from boundloop.core.replay import RunState, apply, replay
 
 RID = "r"
 NOW = decide.Now(RID, 1_700_000_000.0, 1.5)

@@ -23,10 +23,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from boundloop import events as ev
+from boundloop.core.budget import Budget, Usage
+from boundloop.core.kinds import DECISIONS, LIMITS, RUN_STATUSES
+from boundloop.core.replay import ReplayError, RunState, apply, replay
 from boundloop.messages import CallTools, Final
-from boundloop.policy.budget import Budget, Usage
-from boundloop.policy.kinds import DECISIONS, LIMITS, RUN_STATUSES
-from boundloop.policy.replay import ReplayError, RunState, apply, replay
 
 RID = "run"
 NO_USAGE = Usage()

@@ -13,7 +13,7 @@ import pytest
 
 import boundloop as bl
 from boundloop import events
-from boundloop.policy.kinds import RunStatus
+from boundloop.core.kinds import RunStatus
 
 EXPECTED = {
     # running

@@ -14,8 +14,8 @@ from loop_helpers import journal_of
 
 import boundloop as bl
 from boundloop import events as ev
+from boundloop.core import rules as decide
 from boundloop.journal import LmdbJournal
-from boundloop.policy import decide
 from boundloop.testing import FaultyJournal
 
 

@@ -19,13 +19,13 @@ from boundloop.actors.supervisor import Shard, SupervisorActor
 from boundloop.actors.workers import Workers
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
+from boundloop.core import kinds
+from boundloop.core.replay import RunState, apply, replay
 from boundloop.errors import JournalError, RecoveryError, RunnerClosed, SequenceConflict
 from boundloop.journal.base import Journal, OwnerRecord
 from boundloop.loop import Estimator
 from boundloop.owners import owner_alive, this_process
-from boundloop.policy import kinds
 from boundloop.policy.redact import Scrubber, digests_in
-from boundloop.policy.replay import RunState, apply, replay
 from boundloop.pricing import PriceOption
 from boundloop.results import RunResult
 from boundloop.telemetry import Telemetry

@@ -7,10 +7,10 @@ import socket
 
 from boundloop import events as ev
 from boundloop._runner.base import MAX_NOTE, RunnerBase
+from boundloop.core import kinds
+from boundloop.core.replay import RunState, apply
 from boundloop.errors import ApprovalError, ConfigError, LeaseLost, RecoveryError, SequenceConflict
-from boundloop.policy import kinds
 from boundloop.policy.redact import journal_safe
-from boundloop.policy.replay import RunState, apply
 
 
 class People(RunnerBase):

@@ -12,6 +12,8 @@ from boundloop._runner.starting import Starting
 from boundloop.agent import Agent
 from boundloop.cancel import CancelToken
 from boundloop.context import Model
+from boundloop.core import kinds
+from boundloop.core.replay import ReplayError, RunState
 from boundloop.errors import (
     ConfigError,
     JournalCorrupt,
@@ -22,8 +24,6 @@ from boundloop.errors import (
 from boundloop.journal.base import Fence
 from boundloop.loop import Permit
 from boundloop.owners import owner_alive
-from boundloop.policy import kinds
-from boundloop.policy.replay import ReplayError, RunState
 from boundloop.recovery import RecoveredRun
 from boundloop.results import RunResult
 from boundloop.tools import ToolLike

@@ -22,13 +22,13 @@ from boundloop.actors.supervisor import hung, watch
 from boundloop.actors.workers import waiting
 from boundloop.agent import Agent, check_labels
 from boundloop.cancel import CancelToken
+from boundloop.core import rules as decide
+from boundloop.core.budget import Budget, Remaining, Usage, carve
+from boundloop.core.kinds import RunStatus
 from boundloop.errors import ConfigError, JournalError, RunnerClosed
 from boundloop.journal.base import check_run_id
 from boundloop.loop import ParentLink, Permit, RunSpec, run_deadline
 from boundloop.messages import Message, UserMessage, to_history
-from boundloop.policy import decide
-from boundloop.policy.budget import Budget, Remaining, Usage, carve
-from boundloop.policy.kinds import RunStatus
 from boundloop.policy.redact import Scrubber, storable
 from boundloop.results import RunResult
 from boundloop.tools import Tool

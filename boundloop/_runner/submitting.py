@@ -17,6 +17,9 @@ from boundloop._runner.starting import _check_new
 from boundloop.agent import Agent
 from boundloop.cancel import CancelToken
 from boundloop.context import Model
+from boundloop.core import kinds
+from boundloop.core.budget import Budget
+from boundloop.core.replay import RunState
 from boundloop.errors import (
     AdmissionError,
     BoundloopError,
@@ -27,9 +30,6 @@ from boundloop.errors import (
     SequenceConflict,
 )
 from boundloop.loop import Driver, Permit, RunSpec
-from boundloop.policy import kinds
-from boundloop.policy.budget import Budget
-from boundloop.policy.replay import RunState
 from boundloop.results import RunResult
 from boundloop.tools import ToolLike
 

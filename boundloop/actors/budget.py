@@ -14,8 +14,7 @@ from typing import Any
 import msgspec
 
 from boundloop.actors._base import Actor
-from boundloop.loop import Ledger
-from boundloop.policy.budget import (
+from boundloop.core.budget import (
     Budget,
     ChildSpend,
     LedgerReply,
@@ -25,6 +24,7 @@ from boundloop.policy.budget import (
     remaining,
     smaller,
 )
+from boundloop.loop import Ledger
 
 
 class Open(msgspec.Struct):

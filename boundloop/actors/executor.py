@@ -2,9 +2,11 @@
 
 It is a message-driven state machine: handlers run on the workers' pools (or an event
 loop), their completions, timeouts, retry delays, the run's deadline and its cancellation
-come back as messages, and the actor's own thread never waits on a handler. What may start
-and what is retried is asked of ``policy.decide``; the executor reports raw facts (an
-attempt ran and returned, raised, timed out, or never started) and decides nothing.
+come back as messages, and the actor's own thread never waits on a handler. Whether a call
+is tried again is the run's decision (``core.decide``, asked through the supervisor with
+the attempt's facts), as is every attempt's CallDispatched, durable before it starts; what
+may start now is ``core.rules.dispatch_gate``. The executor reports raw facts (an attempt
+ran and returned, raised, timed out, or never started).
 """
 
 from __future__ import annotations
@@ -22,13 +24,15 @@ import msgspec
 from boundloop.actors._base import Actor
 from boundloop.actors.messages import DispatchBatch
 from boundloop.actors.workers import NotStarted, Workers, outcome, tell
+from boundloop.core import rules as decide
+from boundloop.core.inputs import AttemptFailed
 from boundloop.loop import Attempt, Dispatch, Outcome, Planned, Reconcile
-from boundloop.policy import decide
 from boundloop.policy.safe_text import describe_exception
 from boundloop.telemetry import Telemetry
 from boundloop.tools import ToolContext
 
-Stage = Literal["queued", "recording", "launched", "running", "delay", "reconciling", "done"]
+Stage = Literal["queued", "recording", "launched", "running", "asking", "delay", "reconciling",
+                "done"]
 
 
 class _Done(msgspec.Struct):
@@ -50,6 +54,16 @@ class _Retry(msgspec.Struct):
     batch: int
     index: int
     generation: int
+
+
+class _Answer(msgspec.Struct):
+    """The run's answer to an attempt that failed: the delay before the next attempt, or
+    None: the call is over."""
+
+    batch: int
+    index: int
+    generation: int
+    delay: float | None
 
 
 class _Recorded(msgspec.Struct):
@@ -94,7 +108,6 @@ class _Batch(msgspec.Struct):
     reply: Callable[[Any, BaseException | None], None]
     calls: list[_Call]
     waiting: deque[int]
-    allowance: int
     running: int = 0
     finished: int = 0
     unwatch: Callable[[], None] | None = None
@@ -142,7 +155,8 @@ class ExecutorActor(Actor):
                     for key in [k for k, b in self.batches.items() if b.reply is reply]:
                         self._forget(key)
                     reply(None, exc)
-            case _Done() | _TimedOut() | _Reconciled() | _Retry() | _Recorded() | _Halt():
+            case _Done() | _TimedOut() | _Reconciled() | _Retry() | _Recorded() | _Halt() \
+                    | _Answer():
                 batch = self.batches.get(message.batch)
                 if batch is not None:
                     try:
@@ -181,7 +195,7 @@ class ExecutorActor(Actor):
         calls = [_Call(p, Outcome(p.execution_id), p.first_attempt,
                        recorded=p.first_attempt if p.recorded else p.first_attempt - 1)
                  for p in d.calls]
-        batch = _Batch(d, reply, calls, deque(range(len(calls))), d.retry_allowance)
+        batch = _Batch(d, reply, calls, deque(range(len(calls))))
         self.batches[bid] = batch
         if not calls:
             self._reply(bid, batch)
@@ -259,7 +273,8 @@ class ExecutorActor(Actor):
         self._tell_when_done(future, lambda v, e: _Done(bid, index, gen, v, e))
 
     def _on_event(self, batch: _Batch,
-                  m: _Done | _TimedOut | _Reconciled | _Retry | _Recorded | _Halt) -> None:
+                  m: _Done | _TimedOut | _Reconciled | _Retry | _Recorded | _Halt | _Answer,
+                  ) -> None:
         bid = m.batch
         if isinstance(m, _Halt):
             self._halt(bid, batch, m.why)
@@ -270,6 +285,9 @@ class ExecutorActor(Actor):
         match m:
             case _Retry():
                 self._begin(bid, batch, m.index)
+                return
+            case _Answer():
+                self._answered(bid, batch, m.index, m.delay)
                 return
             case _Recorded(error=None):
                 call.recorded = call.attempt
@@ -340,6 +358,10 @@ class ExecutorActor(Actor):
             if call.stage in ("recording", "delay"):
                 call.generation += 1
                 self._unstarted(bid, batch, index, why)
+            elif call.stage == "asking":
+                # Its attempt ended and nothing follows it now: the call is over.
+                call.generation += 1
+                self._call_done(bid, batch, index)
             elif call.stage == "launched":
                 with call.gate:
                     if call.started[0] == 0.0:
@@ -368,17 +390,27 @@ class ExecutorActor(Actor):
             policy.retry_on, idempotent=tool.idempotent, reconciled=reconciled)
 
     def _retry_or_done(self, bid: int, batch: _Batch, index: int, retryable: bool) -> None:
+        """The attempt failed: the run decides whether another follows (``core.decide``);
+        the executor reports the facts (is the failure one the tool retries, its delay,
+        what would keep an attempt from starting now) and waits for the answer."""
         d, call = batch.dispatch, batch.calls[index]
         policy = call.planned.tool.retry
-        delay = 0.0 if policy is None else policy.delay(call.attempt + 1)
-        if policy is None or not decide.may_retry(
-                retryable=retryable, max_attempts=policy.max_attempts,
-                attempts_made=call.attempt - call.planned.first_attempt + 1,
-                allowance=batch.allowance, delay_s=delay, now=d.clock.monotonic(),
-                deadline=d.deadline, gate=self._gate(d)):
+        if policy is None or d.retry is None:  # a tool without a retry policy: one attempt
             self._call_done(bid, batch, index)
             return
-        batch.allowance -= 1
+        call.stage = "asking"
+        call.generation += 1
+        me, gen = self.actor_ref, call.generation
+        d.retry(AttemptFailed(call.planned.execution_id, retryable, policy.max_attempts,
+                              call.attempt - call.planned.first_attempt + 1,
+                              policy.delay(call.attempt + 1), self._gate(d)),
+                lambda delay: tell(me, _Answer(bid, index, gen, delay)))
+
+    def _answered(self, bid: int, batch: _Batch, index: int, delay: float | None) -> None:
+        call = batch.calls[index]
+        if delay is None:
+            self._call_done(bid, batch, index)
+            return
         call.attempt += 1
         if delay > 0:
             call.stage = "delay"

@@ -39,7 +39,8 @@ from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import RunLoop, Timer, Workers, outcome, tell
-from boundloop.errors import JournalError, JournalUnavailable, LeaseLost
+from boundloop.core.inputs import AttemptFailed
+from boundloop.errors import JournalError, JournalUnavailable
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
     Attempt,
@@ -71,7 +72,7 @@ HUNG_AFTER_S = GRACE_S * 0.7
 #: How often a run past that point is looked at again, until it ends.
 WATCH_EVERY_S = 0.05
 
-_Wall = Literal["cancelled", "deadline", "grace"]
+_Wall = Literal["cancel", "deadline", "grace"]
 
 
 class _Run(msgspec.Struct):
@@ -126,6 +127,12 @@ class _RecordAttempt(msgspec.Struct):
     attempt: int
     before: list[Attempt]
     done: Callable[[BaseException | None], None]
+
+
+class _AskRetry(msgspec.Struct):
+    run_id: str
+    failed: AttemptFailed
+    done: Callable[[float | None], None]
 
 
 class _AttemptRecorded(msgspec.Struct):
@@ -293,6 +300,11 @@ class SupervisorActor(Actor):
                 driver = Driver(spec)
                 run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop),
                            generation=next(self._generations))
+                journal, cls = self.journal, type(self)
+                # Facts the run reads as it decides (fail closed: no model call on a closed
+                # journal or a runner that fenced itself).
+                driver.recordable = lambda: not journal.closed
+                driver.leased = lambda: cls._leased(run)
                 self.runs[spec.run_id] = run
                 limits = getattr(self.journal, "wait_limits", None)
                 if driver.deadline is not None and limits is not None:
@@ -329,6 +341,17 @@ class SupervisorActor(Actor):
                     self._give_up_commit(run_id, late)
             case _RecordAttempt():
                 self._record_attempt(message)
+            case _AskRetry(run_id=run_id, failed=failed, done=answer):
+                asking = self.runs.get(run_id)
+                if asking is None:
+                    answer(None)  # the run is no longer driven here: nothing more starts
+                    return
+                try:
+                    delay = asking.driver.may_retry(failed)
+                except Exception:
+                    answer(None)  # the call ends; the run fails by the failure rule
+                    raise
+                answer(delay)
             case _AttemptRecorded(run_id=run_id, events=events, error=error, done=done):
                 recording = self.runs.get(run_id)
                 if recording is not None and error is not None:
@@ -409,15 +432,6 @@ class SupervisorActor(Actor):
                                      self._fence(run)))
             case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
                 self._call_user(run_id, run, fn, args, deadline, cancel)
-            case InvokeModel() if self.journal.closed:
-                # Fail closed: no model step the journal could not record.
-                self._advance(run_id, run, None, JournalUnavailable(
-                    "the journal was closed; the model was not called"))
-            case InvokeModel() if not self._leased(run):
-                self._advance(run_id, run, None, LeaseLost(
-                    "this runner stopped starting work (it is shutting down, or its lease ran "
-                    "out: was the process paused?) and did not call the model; another runner "
-                    "may take the run over"))
             case InvokeModel(model=model, history=history, ctx=ctx):
                 # The step's chat span is current in the model call (a provider SDK's spans
                 # nest under it).
@@ -438,6 +452,8 @@ class SupervisorActor(Actor):
                     effect.leased = run.driver.spec.lease_ok
                     effect.record = lambda eid, attempt, before, done: tell(
                         me, _RecordAttempt(run_id, eid, attempt, before, done))
+                    effect.retry = lambda failed, done: tell(
+                        me, _AskRetry(run_id, failed, done))
 
                 def completed(outcomes: Any, err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, outcomes, err, generation=generation))
@@ -512,7 +528,7 @@ class SupervisorActor(Actor):
         future.add_done_callback(returned)
         if cancel is not None:
             call.unwatch = cancel.on_cancel(lambda: tell(me, _UserWall(run_id, token,
-                                                                       "cancelled")))
+                                                                       "cancel")))
         if deadline is not None:
             self.workers.timer.at(deadline, lambda: tell(me, _UserWall(run_id, token,
                                                                        "deadline")))
@@ -537,9 +553,9 @@ class SupervisorActor(Actor):
             self.workers.compensate(call.future)
         latency = time.perf_counter() - call.started if call.started else 0.0
         self._user_answered(run_id, run, ModelReply(
-            None, TimeoutError("abandoned at the run's deadline" if why != "cancelled"
+            None, TimeoutError("abandoned at the run's deadline" if why != "cancel"
                                else "abandoned: the run was cancelled"),
-            latency, abandoned="cancelled" if why == "cancelled" else "deadline"))
+            latency, abandoned="cancelled" if why == "cancel" else "deadline"))
 
     def _user_answered(self, run_id: str, run: _Run, reply: ModelReply) -> None:
         call = run.call
@@ -579,8 +595,10 @@ class SupervisorActor(Actor):
         epoch = run.driver.state.epoch - (1 if run.driver.releasing else 0)
         return Fence(run.driver.spec.owner, epoch)
 
+
     @staticmethod
     def _leased(run: _Run) -> bool:
+        """True while this runner's lease holds for ``run`` (SPEC 6 self-fencing)."""
         lease_ok = run.driver.spec.lease_ok
         return lease_ok is None or lease_ok()
 

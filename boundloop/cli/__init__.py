@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         _fail(f"cannot use the journal{where}: {exc.strerror or exc}; check the path and "
               "its permissions", EXIT_JOURNAL)
     except BoundloopError as exc:
-        from boundloop.policy.replay import ReplayError  # imported when needed: fast startup
+        from boundloop.core.replay import ReplayError  # imported when needed: fast startup
 
         if isinstance(exc, ReplayError):
             _fail(f"the journal does not replay: {exc}", EXIT_JOURNAL)

@@ -9,7 +9,7 @@ import click
 
 from boundloop.cli._common import journal_dir, journal_option
 from boundloop.cli._output import Col, _Out
-from boundloop.policy import kinds
+from boundloop.core import kinds
 
 
 @click.command()

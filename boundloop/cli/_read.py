@@ -22,7 +22,7 @@ from boundloop.cli._common import (
     json_option,
 )
 from boundloop.cli._output import Col, _age, _ago, _echo_json, _Out, _plural, _secs, _tokens, _when
-from boundloop.policy import kinds
+from boundloop.core import kinds
 
 if TYPE_CHECKING:
     from boundloop.stats import Stats

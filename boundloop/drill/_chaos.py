@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from boundloop.core import kinds
 from boundloop.drill._invariants import _check
 from boundloop.drill._postgres import _Server, fresh_database, pg_restart_argv
 from boundloop.drill._processes import (
@@ -25,7 +26,6 @@ from boundloop.drill._processes import (
 )
 from boundloop.drill._report import DrillReport
 from boundloop.drill._workload import Downstream, _append_line, drill_model, drill_tools, ledger
-from boundloop.policy import kinds
 from boundloop.tools import Tool
 
 #: A takeover may come this much later than lease + claim interval on a loaded machine: a

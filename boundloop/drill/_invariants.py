@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from boundloop import events as ev
+from boundloop.core import kinds
 from boundloop.drill._processes import _Life
 from boundloop.drill._report import DrillReport
 from boundloop.drill._workload import Downstream, Effect, _append_line, effects
-from boundloop.policy import kinds
 
 #: An attempt dispatched before its worker froze, whose handler started at most this long
 #: after the worker woke from that pause (which began before the claim), passed the
@@ -51,7 +51,7 @@ def _segments(events: list[ev.Event]) -> list[tuple[int, str, ev.Event]]:
 
 def _check(runner: Any, base: Path, run_ids: list[str], report: DrillReport,
            lives: list[_Life] | None = None, down: list[list[float]] | None = None) -> None:
-    from boundloop.policy.replay import ReplayError, replay
+    from boundloop.core.replay import ReplayError, replay
 
     lives = lives or []
     down = down or []

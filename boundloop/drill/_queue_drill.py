@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from boundloop import events as ev
+from boundloop.core import kinds
 from boundloop.drill._chaos import (
     _counting,
     _fault,
@@ -41,7 +42,6 @@ from boundloop.drill._processes import _Life, _Lines, _popen, _TidBlocks
 from boundloop.drill._queue_worker import APPROVAL_SHARE, GRACE_S, drill_agent
 from boundloop.drill._report import QueueDrillReport
 from boundloop.drill._workload import effects
-from boundloop.policy import kinds
 
 #: The share of the calls waiting for approval that the person approves (seeded per call).
 APPROVE_SHARE = 0.7

@@ -14,9 +14,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from boundloop.core import kinds
 from boundloop.drill._worker import as_pid
 from boundloop.drill._workload import _append_line, drill_model, drill_tools, plan
-from boundloop.policy import kinds
 from boundloop.results import RunResult
 from boundloop.worker import Worker
 

@@ -16,8 +16,8 @@ from concurrent.futures import wait as wait_all
 from pathlib import Path
 from typing import Any
 
+from boundloop.core import kinds
 from boundloop.drill._workload import _append_line, drill_model, drill_tools
-from boundloop.policy import kinds
 from boundloop.results import RunResult
 
 

@@ -23,9 +23,9 @@ from typing import Any, Generic, TypeVar
 
 from boundloop.agent import Agent
 from boundloop.cancel import CancelToken
+from boundloop.core.budget import Budget
 from boundloop.errors import ConfigError
 from boundloop.messages import Final, Malformed
-from boundloop.policy.budget import Budget
 from boundloop.results import RunResult
 from boundloop.tools import Tool, ToolContext
 

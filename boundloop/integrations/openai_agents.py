@@ -62,6 +62,8 @@ import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from boundloop.core import kinds
+from boundloop.core.budget import Budget, Usage
 from boundloop.errors import ConfigError
 from boundloop.integrations._guest import Guest, GuestTool, OneRequest
 from boundloop.messages import CallTools, Final, ToolCall
@@ -78,8 +80,6 @@ from boundloop.models._common import (
     result_text,
 )
 from boundloop.models._openai_responses import step_items
-from boundloop.policy import kinds
-from boundloop.policy.budget import Budget, Usage
 from boundloop.pricing import PriceOption, check_price
 
 if TYPE_CHECKING:

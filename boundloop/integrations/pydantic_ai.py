@@ -39,6 +39,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from contextlib import asynccontextmanager
 from typing import Any
 
+from boundloop.core import kinds
+from boundloop.core.budget import Budget, Usage
 from boundloop.errors import ConfigError
 from boundloop.messages import CallTools, Final, ToolCall
 from boundloop.models._common import (
@@ -53,8 +55,6 @@ from boundloop.models._common import (
     response_info,
     result_text,
 )
-from boundloop.policy import kinds
-from boundloop.policy.budget import Budget, Usage
 from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import ToolContext
 

@@ -39,9 +39,9 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from boundloop.core.budget import Price, Usage, priced
 from boundloop.errors import ConfigError
 from boundloop.messages import Malformed, ResponseInfo
-from boundloop.policy.budget import Price, Usage, priced
 
 if TYPE_CHECKING:
     from boundloop.cancel import CancelToken

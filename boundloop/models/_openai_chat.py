@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from boundloop.core.budget import Usage
 from boundloop.messages import CallTools, Final, ToolCall
 from boundloop.models._common import (
     AssistantText,
@@ -33,7 +34,6 @@ from boundloop.models._stream import (
     StreamMeter,
     capped_max_tokens,
 )
-from boundloop.policy.budget import Usage
 
 
 class OpenAIChatModel(_OpenAIModel):

@@ -8,6 +8,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from boundloop.core import kinds
 from boundloop.errors import ConfigError
 from boundloop.models._common import (
     ToolNames,
@@ -30,7 +31,6 @@ from boundloop.models._stream import (
     pump,
     stream_transient,
 )
-from boundloop.policy import kinds
 from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import RetryPolicy
 

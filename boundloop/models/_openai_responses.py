@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import Any
 
+from boundloop.core.budget import Usage
 from boundloop.messages import CallTools, Final, ToolCall
 from boundloop.models._common import (
     AssistantText,
@@ -37,7 +38,6 @@ from boundloop.models._stream import (
     StreamMeter,
     capped_max_tokens,
 )
-from boundloop.policy.budget import Usage
 
 
 class OpenAIResponsesModel(_OpenAIModel):

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import msgspec
 
+from boundloop.core.budget import Price, Usage, priced
 from boundloop.messages import Malformed
 from boundloop.models._common import DeadlinePassed
-from boundloop.policy.budget import Price, Usage, priced
 
 if TYPE_CHECKING:
     from boundloop.context import ModelContext

@@ -76,6 +76,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from boundloop.context import ModelContext
+from boundloop.core import kinds
+from boundloop.core.budget import Usage
 from boundloop.errors import ConfigError
 from boundloop.messages import CallTools, Final, Malformed, ToolCall
 from boundloop.models._common import (
@@ -108,8 +110,6 @@ from boundloop.models._stream import (
     pump,
     stream_transient,
 )
-from boundloop.policy import kinds
-from boundloop.policy.budget import Usage
 from boundloop.pricing import PriceOption, check_price
 from boundloop.tools import RetryPolicy
 

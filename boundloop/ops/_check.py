@@ -21,13 +21,8 @@ from boundloop import events as ev
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock
 from boundloop.context import ModelContext
-from boundloop.errors import (
-    JournalCorrupt,
-)
-from boundloop.messages import Message, ToolCall
-from boundloop.ops._events import event_name, event_type
-from boundloop.policy import kinds
-from boundloop.policy.budget import (
+from boundloop.core import kinds
+from boundloop.core.budget import (
     TOKEN_LIMITS,
     Budget,
     LedgerReply,
@@ -36,7 +31,12 @@ from boundloop.policy.budget import (
     default_reservation,
     exceeded,
 )
-from boundloop.policy.replay import RunState, apply, replay
+from boundloop.core.replay import RunState, apply, replay
+from boundloop.errors import (
+    JournalCorrupt,
+)
+from boundloop.messages import Message, ToolCall
+from boundloop.ops._events import event_name, event_type
 from boundloop.tools import ArgumentError, Tool
 
 _json = msgspec.json.Encoder()

@@ -11,13 +11,13 @@ from pathlib import Path
 import msgspec
 
 from boundloop import owners as owners_mod
+from boundloop.core import kinds
 from boundloop.errors import (
     ConfigError,
     JournalUnavailable,
 )
 from boundloop.journal.base import Journal, RunInfo
 from boundloop.ops._open import journal_dir
-from boundloop.policy import kinds
 
 
 # -- prune -------------------------------------------------------------------------------

@@ -9,14 +9,14 @@ from collections.abc import Iterable
 import msgspec
 
 from boundloop import owners as owners_mod
+from boundloop.core.budget import (
+    Usage,
+)
+from boundloop.core.replay import ReplayError, RunState, replay
 from boundloop.errors import (
     JournalCorrupt,
 )
 from boundloop.journal.base import Journal, OwnerRecord, RunInfo
-from boundloop.policy.budget import (
-    Usage,
-)
-from boundloop.policy.replay import ReplayError, RunState, replay
 from boundloop.recovery import RecoveredRun
 
 #: Statuses a run can end with (SPEC 3), then the two states of a run with no RunFinished:

@@ -9,6 +9,11 @@ import msgspec
 
 from boundloop import events as ev
 from boundloop._text import money, plain
+from boundloop.core.budget import (
+    Budget,
+    Usage,
+)
+from boundloop.core.replay import RunState, apply
 from boundloop.journal.base import Journal, OwnerRecord
 from boundloop.messages import CallTools, Final
 from boundloop.ops._events import event_name
@@ -20,11 +25,6 @@ from boundloop.ops._runs import (
     state_word,
     waiting_note,
 )
-from boundloop.policy.budget import (
-    Budget,
-    Usage,
-)
-from boundloop.policy.replay import RunState, apply
 from boundloop.results import CompletedAction, UnresolvedAction
 
 _json = msgspec.json.Encoder()

@@ -33,8 +33,8 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, StatusCode, Tracer
 
 from boundloop import events as ev
+from boundloop.core import kinds
 from boundloop.messages import Final
-from boundloop.policy import kinds
 from boundloop.telemetry import names as n
 from boundloop.telemetry._links import FixedIds, RunLink, SpanIds
 

@@ -26,8 +26,8 @@ import pytest
 
 import boundloop as bl
 from boundloop import events as ev
+from boundloop.core import kinds
 from boundloop.journal.base import Fence, Journal, OwnerRecord
-from boundloop.policy import kinds
 
 __all__ = ["JournalContract", "admitted", "finished", "run_ids", "several", "step"]
 

@@ -24,7 +24,7 @@ import textwrap
 from boundloop import events as ev
 from boundloop import messages as m
 from boundloop.journal import codec
-from boundloop.policy.budget import Budget, Usage
+from boundloop.core.budget import Budget, Usage
 
 RUN = "019a0c4e5b7d7e3f8c2a1b4d6e8f0a1c"
 EXE = f"{RUN}:1:0"

@@ -1,0 +1,328 @@
+"""``core.decide`` tested as a plain function (issue #21): no thread, no journal, no clock.
+
+A small pure interpreter answers each effect with scripted facts (model replies, attempt
+outcomes, estimates), folds the Step's events with ``replay.apply`` as the real one does,
+and hypothesis draws the scripts and budgets. The properties are SPEC 5's and 6's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from boundloop import events as ev
+from boundloop.core import effects as fx
+from boundloop.core import inputs as fact
+from boundloop.core.budget import Budget, Usage
+from boundloop.core.decide import Unexpected, decide
+from boundloop.core.finish import outbox
+from boundloop.core.kinds import RUN_STATUSES
+from boundloop.core.replay import RunState, apply, replay
+from boundloop.core.rules import Attempt
+from boundloop.core.state import Config, Instant, Machine, ToolFacts
+from boundloop.messages import CallTools, Final, ToolCall
+
+RID = "run-1"
+TOOLS = {"add": ToolFacts(read_only=True, idempotent=True),
+         "send": ToolFacts(irreversible=True),
+         "ask": ToolFacts(approval="rule")}
+
+# -- scripts ---------------------------------------------------------------------------------
+call = st.builds(lambda name, n: ToolCall(id=f"c{n}", name=name, arguments={"x": n}),
+                 st.sampled_from(["add", "send", "ask", "nope"]), st.integers(0, 5))
+reply = st.one_of(
+    st.builds(lambda t, n: Final(text=t, usage=Usage(input_tokens=n, output_tokens=1)),
+              st.text(max_size=5), st.integers(0, 50)),
+    st.builds(lambda calls, n: CallTools(calls=calls, usage=Usage(input_tokens=n)),
+              st.lists(call, min_size=1, max_size=3), st.integers(0, 50)),
+    st.just("malformed"), st.just("raises"))
+outcome = st.sampled_from(["ok", "error", "timeout", "skipped"])
+budgets = st.builds(
+    lambda steps, calls, tokens, parallel, retries, final: Budget(
+        max_model_steps=steps, max_tool_calls=calls, max_input_tokens=tokens,
+        max_parallel=parallel, malformed_retries=retries, reserve_final_step=final),
+    st.integers(1, 6), st.integers(0, 6), st.one_of(st.none(), st.integers(1, 400)),
+    st.one_of(st.none(), st.integers(1, 2)), st.one_of(st.none(), st.integers(0, 2)),
+    st.booleans())
+
+
+class Script:
+    """Answers effects from drawn lists; records every event appended, in order."""
+
+    def __init__(self, replies: list[Any], outcomes: list[str], approvals: list[bool],
+                 estimate: int) -> None:
+        self.replies, self.outcomes, self.approvals = replies, outcomes, approvals
+        self.estimate = estimate
+        self.appended: list[ev.Event] = []
+        self.mono = 100.0
+
+    def now(self) -> Instant:
+        self.mono += 0.25
+        return Instant(1_700_000_000.0 + self.mono, self.mono)
+
+    def answer(self, m: Machine, effect: fx.Effect) -> fact.Input:
+        match effect:
+            case fx.Commit():
+                self.appended += outbox(m)
+                return fact.Committed()
+            case fx.Estimate():
+                return fact.Estimated(Usage(input_tokens=self.estimate))
+            case fx.InvokeModel():
+                r = self.replies.pop(0) if self.replies else Final(text="done")
+                if r == "raises":
+                    return fact.ModelReplied(error="RuntimeError: boom")
+                if r == "malformed":
+                    return fact.ModelReplied(response={"kind": "what"})
+                return fact.ModelReplied(response=r)
+            case fx.CheckCalls():
+                batch = m.batch
+                assert batch is not None
+                return fact.CallsChecked([None] * len(batch.calls),
+                                         [c.arguments for c in batch.calls],
+                                         [None] * len(batch.calls))
+            case fx.AskApproval():
+                return fact.ApprovalsRuled([self.approvals.pop(0) if self.approvals else False
+                                            for _ in effect.indexes])
+            case fx.StartCalls():
+                return fact.AttemptsEnded([self.ended(m, c) for c in effect.calls])
+        raise AssertionError(f"unexpected effect {effect!r}")
+
+    def ended(self, m: Machine, c: fx.CallStart) -> fact.Ended:
+        kind = self.outcomes.pop(0) if self.outcomes else "ok"
+        if kind == "skipped":
+            return fact.Ended(c.execution_id, skipped="deadline")
+        if not c.recorded:
+            # As the executor does: a queued call's dispatch is durable before it starts.
+            self.feed(m, fact.AttemptStarting(c.execution_id, 1, []))
+        fields = {"content": "r", "size": 3, "digest": "d"}
+        att = {"ok": Attempt(1, "ok", fields, latency_s=0.1),
+               "error": Attempt(1, "error", error="it failed", category="ValueError"),
+               "timeout": Attempt(1, "timeout", timeout_s=1.0, error="timed out")}[kind]
+        return fact.Ended(c.execution_id, [att])
+
+    def feed(self, m: Machine, inp: fact.Input) -> fx.Step:
+        step = decide(m, inp, self.now())
+        for event in step.events:
+            apply(m.state, event)  # raises ReplayError on an illegal event: a finding
+            m.pending.append(event)
+        if isinstance(inp, fact.AttemptStarting):
+            self.appended += outbox(m)
+        return step
+
+
+def machine(budget: Budget, permit: bool = False) -> Machine:
+    config = Config(run_id=RID, budget=budget, tools=TOOLS, history=[], permit=permit)
+    return Machine(config=config, state=RunState(), current=budget, started=100.0)
+
+
+def drive(m: Machine, script: Script, limit: int = 400) -> tuple[Any, list[fx.Step]]:
+    steps, inp = [], fact.Tick()
+    for _ in range(limit):
+        step = script.feed(m, inp)
+        steps.append(step)
+        # Counters stay within the budget at every point (SPEC 5).
+        assert m.state.model_steps <= m.config.budget.max_model_steps
+        assert m.state.tool_calls <= m.config.budget.max_tool_calls
+        if not step.effects:
+            inp = fact.Tick()
+            continue
+        effect = step.effects[0]
+        if isinstance(effect, fx.Finish):
+            return effect.result, steps
+        inp = script.answer(m, effect)
+    raise AssertionError("the run did not end")
+
+
+@settings(max_examples=300, deadline=None)
+@given(budgets, st.lists(reply, max_size=8), st.lists(outcome, max_size=12),
+       st.lists(st.booleans(), max_size=4), st.integers(0, 120))
+def test_random_runs_keep_the_rules(budget: Budget, replies: list[Any], outcomes: list[str],
+                                    approvals: list[bool], estimate: int) -> None:
+    m = machine(budget)
+    script = Script(list(replies), outcomes, approvals, estimate)
+    result, _ = drive(m, script)
+    events = script.appended
+    assert result.status in RUN_STATUSES
+    assert isinstance(events[0], ev.RunAdmitted)
+    assert isinstance(events[-1], ev.OwnerClaimed | ev.RunFinished)
+    finished = [e for e in events if isinstance(e, ev.RunFinished)]
+    assert len(finished) == 1 and finished[0].status == result.status
+    # Every CallDispatched follows its CallDecided, as an allowed call's.
+    decided: dict[str, ev.CallDecided] = {}
+    for e in events:
+        if isinstance(e, ev.CallDecided):
+            decided[e.execution_id] = e
+        elif isinstance(e, ev.CallDispatched):
+            assert e.execution_id in decided
+            assert decided[e.execution_id].decision == "allow"
+            assert not decided[e.execution_id].approval or m.state.calls[e.execution_id].approved
+    # The live state is the replayed one: the same fold over the same events.
+    again = replay(events)
+    assert (again.status, again.model_steps, again.tool_calls, again.usage) == \
+        (m.state.status, m.state.model_steps, m.state.tool_calls, m.state.usage)
+    assert result.model_steps == m.state.model_steps
+    assert result.tool_calls == m.state.tool_calls
+
+
+@settings(max_examples=200, deadline=None)
+@given(budgets, st.lists(reply, max_size=5), st.text(max_size=8))
+def test_a_final_reply_is_accepted_before_any_batch_check(budget: Budget, replies: list[Any],
+                                                          text: str) -> None:
+    """SPEC 5.7: a final response ends the run ``final`` even on the last step, with tools
+    spent or the step reserved for a final answer; only a model step it never got stops it."""
+    m = machine(budget)
+    script = Script([*replies, Final(text=text)], [], [], 0)
+    result, _ = drive(m, script)
+    invoked = [e for e in script.appended if isinstance(e, ev.ModelStepStarted)]
+    if len(invoked) == len(replies) + 1:
+        # The Final was given (maybe on a final-only step, or with tools spent): accepted.
+        assert result.status == "final"
+        assert result.transcript[-1].text == text
+    first = machine(budget)
+    alone, _ = drive(first, Script([Final(text=text)], [], [], 0))
+    assert alone.status == "final" and alone.model_steps == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 4), st.lists(call, min_size=1, max_size=3))
+def test_calls_over_the_tool_budget_dispatch_nothing(calls_left: int,
+                                                     calls: list[ToolCall]) -> None:
+    """SPEC 5.8: a batch that would go over max_tool_calls is refused whole."""
+    budget = Budget(max_model_steps=3, max_tool_calls=calls_left)
+    unique = list({c.id: c for c in calls}.values())
+    m = machine(budget)
+    script = Script([CallTools(calls=unique)], [], [], 0)
+    result, _ = drive(m, script)
+    if len(unique) > calls_left:
+        assert result.status == "limit_exceeded" and result.exhausted_limit == "tool_calls"
+        assert not any(isinstance(e, ev.CallDecided) for e in script.appended)
+
+
+def test_a_run_that_ends_returns_finish_and_takes_no_more_input() -> None:
+    m = machine(Budget(max_model_steps=2))
+    result, steps = drive(m, Script([Final(text="hi")], [], [], 1))
+    assert result.status == "final" and m.stage == "done"
+    assert isinstance(steps[-1].effects[0], fx.Finish)
+    with pytest.raises(Unexpected):
+        decide(m, fact.Tick(), Instant(0.0, 200.0))
+
+
+def test_effects_are_plain_data() -> None:
+    """Effects name no callable: each round-trips through msgpack as data."""
+    m = machine(Budget(max_model_steps=3, max_tool_calls=2))
+    script = Script([CallTools(calls=[ToolCall(id="a", name="add", arguments={"x": 1})])],
+                    ["ok"], [], 5)
+    _, steps = drive(m, script)
+    for step in steps:
+        for effect in step.effects:
+            if not isinstance(effect, fx.Finish):
+                assert msgspec.msgpack.decode(msgspec.msgpack.encode(effect),
+                                              type=type(effect)) == effect
+
+
+def test_the_decider_reads_the_clock_it_is_given() -> None:
+    """No clock read of its own: two machines fed the same inputs and instants produce the
+    same events."""
+    def run() -> list[ev.Event]:
+        m = machine(Budget(max_model_steps=3, max_tool_calls=2))
+        script = Script([CallTools(calls=[ToolCall(id="a", name="add", arguments={"x": 1})]),
+                         Final(text="ok")], ["ok"], [], 5)
+        drive(m, script)
+        return script.appended
+
+    assert run() == run()
+
+
+# -- rule 1 (DESIGN): what decides lives in core/ ------------------------------------------
+def _compared_literals(path: Any) -> list[tuple[int, str]]:
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            for part in [node.left, *node.comparators]:
+                values = part.elts if isinstance(part, ast.Tuple | ast.List | ast.Set) \
+                    else [part]
+                found += [(node.lineno, v.value) for v in values
+                          if isinstance(v, ast.Constant) and isinstance(v.value, str)]
+        elif isinstance(node, ast.MatchValue) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            found.append((node.lineno, node.value.value))
+    return found
+
+
+def test_the_interpreter_and_the_supervisor_compare_no_status_or_decision() -> None:
+    """The run's interpreter and its supervisor perform what ``core.decide`` decided: a
+    status, decision or stage literal compared there would be a decision made outside it."""
+    from pathlib import Path
+    from typing import get_args
+
+    import boundloop
+    from boundloop.core.kinds import DECISIONS
+    from boundloop.core.state import Stage
+
+    vocabulary = set(RUN_STATUSES) | set(DECISIONS) | set(get_args(Stage)) | {"running"}
+    root = Path(boundloop.__file__).parent
+    for name in ("loop.py", "_run.py", "_journal_form.py", "actors/supervisor.py"):
+        bad = [(line, value) for line, value in _compared_literals(root / name)
+               if value in vocabulary]
+        assert not bad, f"{name} compares run vocabulary (decide it in core/): {bad}"
+
+
+def test_the_literal_finder_finds_comparisons(tmp_path: Any) -> None:
+    source = tmp_path / "m.py"
+    source.write_text('x = 1\nif s == "final" or s in ("allow", "deny"):\n    pass\n')
+    assert _compared_literals(source) == [(2, "final"), (2, "allow"), (2, "deny")]
+
+
+def test_core_imports_nothing_that_does_io_threads_or_time() -> None:
+    """core/ is pure (DESIGN rule 3): it imports no I/O, thread, clock or randomness module,
+    and of boundloop only data modules and the pure text helpers."""
+    import ast
+    from pathlib import Path
+
+    import boundloop
+
+    allowed_stdlib = {"__future__", "collections", "typing", "hashlib", "json", "math",
+                      "sys"}
+    allowed_own = ("boundloop.core", "boundloop.events", "boundloop.messages",
+                   "boundloop.results", "boundloop.errors", "boundloop.policy.redact",
+                   "boundloop.policy.safe_text")
+    core = Path(boundloop.__file__).parent / "core"
+    for path in sorted(core.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if isinstance(node, ast.ImportFrom) and node.module == "boundloop":
+                names = [f"boundloop.{a.name}" for a in node.names]  # from boundloop import x
+            for name in names:
+                own = name.startswith("boundloop")
+                ok = name.startswith(allowed_own) if own else \
+                    name.split(".")[0] in allowed_stdlib | {"msgspec"}
+                assert ok, f"core/{path.name} imports {name}"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 3), st.lists(st.tuples(st.booleans(), st.integers(1, 4),
+                                             st.sampled_from([0.0, 0.5, 30.0]),
+                                             st.sampled_from([None, "cancelled", "lease"])),
+                                   max_size=6))
+def test_retries_are_decided_by_the_run(allowance: int, failures: list[Any]) -> None:
+    """SPEC 6: a failed attempt is tried again only when it is retryable, attempts and the
+    batch's call budget are left, nothing stops dispatch and the delay ends before the
+    deadline; each retry spends one of the allowance."""
+    m = machine(Budget(max_model_steps=2, max_tool_calls=5))
+    m.allowance, m.deadline = allowance, 110.0
+    left = allowance
+    for retryable, made, delay, gate in failures:
+        step = decide(m, fact.AttemptFailed("run-1:1:0", retryable, 3, made, delay, gate),
+                      Instant(0.0, 100.0))
+        expected = retryable and left > 0 and made < 3 and gate is None and 100.0 + delay < 110.0
+        assert bool(step.effects) == expected and not step.events
+        if expected:
+            assert step.effects == [fx.Retry("run-1:1:0", delay)]
+            left -= 1
+        assert m.allowance == left
