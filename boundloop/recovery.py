@@ -1,6 +1,6 @@
 """What ``Runner.recover`` reports: a run left open, as recovery found it.
 
-Apart from ``boundloop.results`` because it holds a ``RunState``: ``policy.replay`` builds
+Apart from ``boundloop.results`` because it holds a ``RunState``: ``core.replay`` builds
 RunResults, so ``results`` cannot import the fold back (an import cycle, even one behind
 ``TYPE_CHECKING``, leaves ``RecoveredRun.state`` an annotation nothing can resolve).
 """

@@ -51,7 +51,7 @@ class Sink(Protocol):
 
 
 class CallView(Protocol):
-    """What the projection reads of a call of a run's state (``policy.replay.CallRecord``)."""
+    """What the projection reads of a call of a run's state (``core.replay.CallRecord``)."""
 
     @property
     def tool(self) -> str: ...
@@ -62,7 +62,7 @@ class CallView(Protocol):
 
 
 class StateView(Protocol):
-    """What the projection reads of a run's state (``policy.replay.RunState``): the run's
+    """What the projection reads of a run's state (``core.replay.RunState``): the run's
     calls, its parent, its agent and its labels."""
 
     @property
