@@ -150,6 +150,13 @@ _ABANDONED: dict[str, SkipReason] = {
 _NOT_CALLED = "The model was not called"
 
 
+def _says(event: ev.CallDecided | ev.ModelStepFailed | ev.CallSkipped, why: str) -> bool:
+    """True when the event records a call skipped, or a model step failed, for ``why``."""
+    if isinstance(event, ev.CallDecided):
+        return kinds.is_skipped(event.decision) and event.reason == why
+    return event.reason == why
+
+
 class RecordedModelError(Exception):
     """Stands for the exception the model raised in the recorded run (kept for callers of
     ``boundloop.ops``: the check now feeds the recorded error text to ``decide``)."""
@@ -220,7 +227,8 @@ class _Replayer:
         self.matched = 0
         self.divergence: Divergence | None = None
         self.t = 0.0
-        self.cancelled = False
+        #: When the next decision was made, if the recording says so exactly (a model reply).
+        self.held: float | None = None
         self.machine = Machine(
             config=rec.config(self.budget), state=RunState(), deadline=self.budget.deadline_s,
             started=0.0, current=self.budget, caps=dict(rec.admitted.tool_caps),
@@ -236,25 +244,27 @@ class _Replayer:
         t = event.elapsed_s
         deadline = self.recorded_budget.deadline_s
         passed = (isinstance(event, ev.RunFinished) and kinds.is_deadline(event.exhausted_limit)) \
-            or (isinstance(event, ev.CallDecided) and kinds.is_skipped(event.decision)
-                and event.reason == "deadline")
+            or (isinstance(event, ev.CallDecided | ev.ModelStepFailed)
+                and _says(event, "deadline"))
         if deadline is not None and not passed:
             t = min(t, math.nextafter(deadline, -math.inf))
         return t
 
     def now(self) -> Instant:
-        """The instant of the next decision: the time and cancellation the recorded run saw
-        when it made its next recorded decision (time never runs backwards)."""
-        nxt = self.upcoming()
-        if nxt is not None:
-            event = nxt[1]
-            self.t = max(self.t, self.time_of(event))
-            if (isinstance(event, ev.RunFinished) and kinds.is_cancelled(event.status)) or (
-                    isinstance(event, ev.CallDecided) and kinds.is_skipped(event.decision)
-                    and event.reason == "cancelled"):
-                self.cancelled = True
-        return Instant(self.rec.admitted.ts - self.rec.admitted.elapsed_s + self.t, self.t,
-                       self.cancelled, "as recorded" if self.cancelled else "")
+        """The instant of the next decision: when the recorded run made it (its model reply's
+        event, else its next recorded decision; time never runs backwards), and whether it
+        was cancelled by then (its first event that says so)."""
+        nxt, t = self.upcoming(), self.t
+        if self.held is not None:
+            # The reply's event is stamped when the run decided on it; the decisions before
+            # it (which made no event) were only placed no later than the next decision.
+            t, self.held = self.held, None
+        elif nxt is not None:
+            t = self.t = max(self.t, self.time_of(nxt[1]))
+        at = self.rec.cancelled_at
+        cancelled = at is not None and t >= at
+        return Instant(self.rec.admitted.ts - self.rec.admitted.elapsed_s + t, t,
+                       cancelled, "as recorded" if cancelled else "")
 
     def stop(self, note: str) -> _Stop:
         self.note = "; ".join(n for n in (self.note, note) if n)
@@ -381,6 +391,7 @@ class _Replayer:
         if recorded is None:
             raise self.ends_here(f"at seq {len(self.rec.events)}, with no answer of the "
                                  f"model to step {step},")
+        self.held = self.time_of(recorded)
         charged = self.rec.charged.get(step)
         reported = charged.usage if charged is not None and not charged.estimated else None
         quote = Quote(charged.usage.cost, charged.unpriced) \
@@ -396,8 +407,7 @@ class _Replayer:
             return fact.ModelReplied(latency_s=latency, abandoned=abandoned)
         if recorded.reason in ("error", "deadline"):
             return fact.ModelReplied(error=recorded.detail, latency_s=latency)
-        if recorded.reason == "cancelled":
-            self.cancelled = True  # seen after the response, which was discarded
+        if recorded.reason == "cancelled":  # seen after the response, which was discarded
             return fact.ModelReplied(latency_s=latency)
         limit = self.rec.events[-1].exhausted_limit \
             if isinstance(self.rec.events[-1], ev.RunFinished) else None
@@ -469,12 +479,17 @@ def check(events: Sequence[ev.Event], budget: Budget | None = None) -> CheckRepo
     (ModelStepStarted), reply and reported usage (ModelStepCompleted/Failed,
     UsageCharged), each call's permission verdict, validation and approval (its
     CallDecided), each attempt's outcome (CallDispatched, CallSucceeded, CallFailed,
-    CallTimedOut, CallOutcomeUnknown, CallReconciled, CallSkipped); time and cancellation
-    follow the recorded decisions, and every commit succeeds. The decisions compared are
-    each model step's start (and whether tools were allowed), each call's decision, and how
-    the run finished (status, limit, counters), plus each result's status (``too_large``).
+    CallTimedOut, CallOutcomeUnknown, CallReconciled, CallSkipped); each decision is made
+    at the time the recording places it, cancelled from the first event that says the run
+    was, and every commit succeeds. The decisions compared are each model step's start (and
+    whether tools were allowed), each call's decision, and how the run finished (status,
+    limit, counters), plus each result's status (``too_large``); the other events each Step
+    yields are folded, as the interpreter folds them, but not compared (a journal written
+    before the first dispatch rode the decisions' commit orders them differently).
 
-    Taken as recorded, since no event keeps what decided them: whether a failed attempt was
+    Taken as recorded, since no event keeps what decided them: the permission check's
+    verdicts, the tools' validation and approval rules (user code: a recorded ``denied`` or
+    ``invalid_arguments`` is fed back as the verdict), whether a failed attempt was
     retried (the tool's retry settings), the run tree's answers to a child run (it is held
     to its own budget), the journal's and the lease's state (a run that ended
     ``journal_unavailable`` is checked up to there). What cannot be derived at all ends the

@@ -80,6 +80,8 @@ class Recording:
                     self.outcomes.setdefault(e.execution_id, []).append(e)
                 case _:
                     pass
+        #: When the run was first seen cancelled (its first event that says so), if ever.
+        self.cancelled_at = next((e.elapsed_s for e in self.events if _cancelled(e)), None)
         #: Priced by the catalogue: some step is recorded as one it could not price.
         self.catalogue = any(u.unpriced for u in self.charged.values())
 
@@ -143,3 +145,17 @@ class Recording:
         if limit is not None and e.size > limit and not unkeepable:
             fields["status"] = "too_large"
         return fields
+
+
+def _cancelled(event: ev.Event) -> bool:
+    """True when the event records the run's cancellation (or what it did to a step or a
+    call)."""
+    match event:
+        case ev.RunFinished():
+            return kinds.is_cancelled(event.status)
+        case ev.CallDecided():
+            return kinds.is_skipped(event.decision) and event.reason == "cancelled"
+        case ev.ModelStepFailed() | ev.CallSkipped():
+            return event.reason == "cancelled"
+        case _:
+            return False
