@@ -176,6 +176,25 @@ def test_a_run_awaiting_approval_checks_clean(tmp_path: Path) -> None:
     assert report.divergence.current == "model step 2 starts (tools allowed)"
 
 
+@pytest.mark.parametrize(("limit", "status"), [("output_tokens", "limit_exceeded"),
+                                               (None, "final")])
+def test_a_malformed_turn_with_usage_checks_clean(tmp_path: Path, limit: str | None,
+                                                 status: str) -> None:
+    """A turn the adapter cut on a spent limit ends the run there; one it did not cut is
+    retried (with no retries left it would end ``malformed_response``): the journal does not
+    mark which, the decision that followed does."""
+    cut = bl.Malformed(reason="The turn was cut.", usage=bl.Usage(output_tokens=500),
+                       limit=limit)
+    events = record(tmp_path, [cut, bl.Final("done")], [],
+                    bl.Budget(max_output_tokens=400 if limit else 10_000,
+                              malformed_retries=0 if limit else 1))
+    finished = next(e for e in events if isinstance(e, ev.RunFinished))
+    assert finished.status == status
+    report = ops.check(events)
+    assert report.ok and report.note == "", report
+    assert report.decisions == sum(isinstance(e, _DECISIONS) for e in events)
+
+
 def test_a_reservation_that_was_not_recorded_is_not_checkable(tmp_path: Path) -> None:
     """The runner's estimator reserved more than the run could spend: the step never
     started and its reservation is in no event, so the stop cannot be checked."""

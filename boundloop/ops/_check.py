@@ -409,10 +409,12 @@ class _Replayer:
             return fact.ModelReplied(error=recorded.detail, latency_s=latency)
         if recorded.reason == "cancelled":  # seen after the response, which was discarded
             return fact.ModelReplied(latency_s=latency)
-        limit = self.rec.events[-1].exhausted_limit \
-            if isinstance(self.rec.events[-1], ev.RunFinished) else None
-        return fact.ModelReplied(Malformed(reason=recorded.detail, usage=reported,
-                                           limit=limit if reported is not None else None),
+        # A turn the adapter cut on a spent limit is not marked so in the journal: one whose
+        # reported usage ended the run there (its next decision) was.
+        nxt = self.upcoming()
+        cut = nxt[1].exhausted_limit if nxt is not None and reported is not None \
+            and isinstance(nxt[1], ev.RunFinished) and nxt[1].model_steps == step else None
+        return fact.ModelReplied(Malformed(reason=recorded.detail, usage=reported, limit=cut),
                                  latency_s=latency, quote=quote)
 
     def checked(self) -> fact.Input:
