@@ -46,11 +46,7 @@ PACKAGE = ROOT / "boundloop"
 #: interpreter (``loop.py``) and the actors are held to the rule like everything else.
 EXEMPT = ("boundloop/core/",)
 #: Single functions let off, each with why: (path, function name) -> reason.
-EXEMPT_FUNCTIONS = {
-    ("boundloop/ops/_check.py", "_tripping"):
-        "maps a limit to the budget and usage fields it counts: the budget policy's own table, "
-        "which the replay checker re-enacts until the core's Replayer replaces it (issue #21)",
-}
+EXEMPT_FUNCTIONS: dict[tuple[str, str], str] = {}
 
 
 def _members(tp: object) -> frozenset[str]:

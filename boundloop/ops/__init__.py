@@ -7,7 +7,8 @@ compact | export``; the command line is a thin layer over them. Nothing here imp
 
 Each job has its own private module: ``_open`` (opening a journal, naming runs by prefix),
 ``_runs`` (listing, state words, what recovery would take over), ``_timeline`` (``show``),
-``_check`` (``replay``: rebuild and check), ``_verify`` (hash chains, in a child process),
+``_check`` (``replay``: rebuild and check; ``_recorded``: what a recording feeds the
+check), ``_verify`` (hash chains, in a child process),
 ``_maintenance`` (prune, compact) and ``_events`` (export, load, event names).
 """
 

@@ -1,10 +1,11 @@
 """Replaying a recorded run (``boundloop replay``): ``rebuild`` and ``check``.
 
 The check (``check``) answers "would the *current* policy have decided what the recorded run
-decided?", the way Temporal's Replayer reports non-determinism: it drives ``loop.drive`` with
-a RunSpec rebuilt from the run's ``RunAdmitted`` event and answers every effect from the
-recording (no model or tool is called), then compares the decisions the current policy makes
-with the recorded ones and reports the first that differs.
+decided?", the way Temporal's Replayer reports non-determinism: it derives the run's inputs
+(``core.inputs``) from its recorded events, feeds them to the same ``core.decide`` the
+interpreter runs, at the recorded times, and compares the events each Step yields with the
+recorded ones, reporting the first decision that differs. No model or tool is called, and no
+executor is re-enacted.
 
 ``rebuild`` folds a run's events and compares the result with its RunFinished event.
 """
@@ -18,26 +19,30 @@ from typing import Any
 import msgspec
 
 from boundloop import events as ev
-from boundloop.cancel import CancelToken
-from boundloop.clock import Clock
-from boundloop.context import ModelContext
+from boundloop.core import effects as fx
+from boundloop.core import inputs as fact
 from boundloop.core import kinds
 from boundloop.core.budget import (
     TOKEN_LIMITS,
     Budget,
     LedgerReply,
+    Quote,
     TreeLeft,
     Usage,
     default_reservation,
     exceeded,
 )
-from boundloop.core.replay import RunState, apply, replay
+from boundloop.core.decide import NESTED_APPROVAL, decide
+from boundloop.core.finish import outbox
+from boundloop.core.replay import RunState, apply
+from boundloop.core.rules import SkipReason
+from boundloop.core.state import Instant, Machine
 from boundloop.errors import (
     JournalCorrupt,
 )
-from boundloop.messages import Message, ToolCall
+from boundloop.messages import Malformed
 from boundloop.ops._events import event_name, event_type
-from boundloop.tools import ArgumentError, Tool
+from boundloop.ops._recorded import DECISIONS, Recording
 
 _json = msgspec.json.Encoder()
 
@@ -132,58 +137,29 @@ def recorded_budget(events: Sequence[ev.Event]) -> Budget:
     return events[0].budget
 
 
-_DECISIONS = (ev.ModelStepStarted, ev.CallDecided, ev.RunFinished)
-#: Where a check stops following the recording: after these, decisions depend on recovery,
-#: a person, or child runs, none of which the check re-enacts.
-_HORIZON = (ev.OwnerClaimed, ev.RunResumed, ev.CallResolved, ev.ChildCharged)
-_STOP = object()
-_MALFORMED = object()
+#: The run tree's answer when the check settles a run with it: none is recorded, so the run
+#: is held to its own budget (already the smaller of what it asked and what was left).
+_TREE = LedgerReply(True, [], TreeLeft())
+#: The interpreter's words for a model call it abandoned (``rules.model_replied``).
+_ABANDONED: dict[str, SkipReason] = {
+    "the model ran on past the deadline and was abandoned": "deadline",
+    "the model call never started": "cancelled"}
 
 
-class _ReplayClock(Clock):
-    """Time as the recording saw it: ``now`` is seconds since the run started."""
+#: How the run's explanation begins when the runner's estimator failed (``decide``).
+_NOT_CALLED = "The model was not called"
 
-    def __init__(self, wall0: float) -> None:
-        self.now = 0.0
-        self.wall0 = wall0
 
-    def monotonic(self) -> float:
-        return self.now
-
-    def time(self) -> float:
-        return self.wall0 + self.now
+def _says(event: ev.CallDecided | ev.ModelStepFailed | ev.CallSkipped, why: str) -> bool:
+    """True when the event records a call skipped, or a model step failed, for ``why``."""
+    if isinstance(event, ev.CallDecided):
+        return kinds.is_skipped(event.decision) and event.reason == why
+    return event.reason == why
 
 
 class RecordedModelError(Exception):
-    """Stands for the exception the model raised in the recorded run."""
-
-
-class _StandIn(Tool):
-    """A tool known only by name: accepts any arguments unless the recording says otherwise."""
-
-    def __init__(self, name: str, flags: ev.CallDecided | None, checker: _Checker) -> None:
-        super().__init__(name, _no_handler, timeout_s=None,
-                         read_only=bool(flags and flags.read_only),
-                         idempotent=bool(flags and flags.idempotent),
-                         irreversible=bool(flags and flags.irreversible and not flags.read_only))
-        self._checker = checker
-
-    def validate(self, arguments: dict[str, Any]) -> dict[str, Any]:
-        # The loop validates each call in order right before its deadline check: set the
-        # clock and cancellation as the recorded run saw them for this call.
-        recorded = self._checker.recorded_for.pop(id(arguments), None)
-        if recorded is not None:
-            checker = self._checker
-            checker.clock.now = max(checker.clock.now, checker.time_of(recorded))
-            if kinds.is_skipped(recorded.decision) and recorded.reason == "cancelled":
-                checker.cancel.cancel("as recorded")
-            if kinds.has_invalid_arguments(recorded.decision):
-                raise ArgumentError(recorded.reason or "invalid arguments (as recorded)")
-        return dict(arguments)
-
-
-def _no_handler() -> None:
-    """Never called: the check answers dispatches from the recording."""
+    """Stands for the exception the model raised in the recorded run (kept for callers of
+    ``boundloop.ops``: the check now feeds the recorded error text to ``decide``)."""
 
 
 def _key(event: ev.Event) -> tuple[Any, ...]:
@@ -233,86 +209,34 @@ def describe(event: ev.Event) -> str:
             return event_name(event)
 
 
-def _tripping(budget: Budget, used: Usage, limit: str) -> Usage:
-    """The smallest reservation that takes ``used`` over ``limit`` (and over no limit that is
-    checked before it): stands for a reservation the recording did not keep."""
-    def room(cap: float | None, spent: float) -> float:
-        return math.inf if cap is None else max(cap - spent, 0)
-
-    if limit == "input_tokens" and budget.max_input_tokens is not None:
-        return Usage(input_tokens=int(room(budget.max_input_tokens, used.all_input_tokens)) + 1)
-    if limit == "output_tokens" and budget.max_output_tokens is not None:
-        return Usage(output_tokens=int(room(budget.max_output_tokens, used.output_tokens)) + 1)
-    if limit == "total_tokens" and budget.max_total_tokens is not None:
-        need = int(room(budget.max_total_tokens, used.total_tokens)) + 1
-        take_in = int(min(need, room(budget.max_input_tokens, used.all_input_tokens)))
-        return Usage(input_tokens=take_in, output_tokens=need - take_in)
-    if limit == "cost" and budget.max_cost is not None:
-        gap = room(budget.max_cost, used.cost or 0.0)
-        return Usage(cost=gap + max(budget.max_cost, 1.0) * 1e-9)
-    return Usage()
+class _Stop(Exception):
+    """The check ends here (a divergence, or the recording has no more to answer with)."""
 
 
-class _Checker:
+class _Replayer:
+    """Feeds the recording's inputs to ``decide`` and compares what it decides."""
+
     def __init__(self, events: Sequence[ev.Event], budget: Budget | None) -> None:
-        admitted = events[0] if events else None
-        if not isinstance(admitted, ev.RunAdmitted):
-            raise JournalCorrupt("the run's events do not start with RunAdmitted")
-        self.admitted = admitted
-        self.note = ""
-        cut = len(events)
-        finished = False
-        for i, event in enumerate(events):
-            finished = finished or isinstance(event, ev.RunFinished)
-            # After RunFinished, only a resume makes new decisions (a resolution makes none).
-            if isinstance(event, ev.RunResumed) or (isinstance(event, _HORIZON) and not finished):
-                cut = i
-                self.note = (f"checked up to seq {i}: at seq {i + 1} ({event_name(event)}) the "
-                             "run was taken over by recovery, a person or a child run, which "
-                             "the check does not re-enact")
-                break
-        self.recording = list(events[:cut])
-        self.finished = any(isinstance(e, ev.RunFinished) for e in self.recording)
-        self.decisions = [(seq, e) for seq, e in enumerate(self.recording, 1)
-                          if isinstance(e, _DECISIONS)]
-        self.responses: dict[int, ev.ModelStepCompleted | ev.ModelStepFailed] = {}
-        self.charged: dict[int, Usage] = {}
-        self.decided: dict[tuple[int, str], ev.CallDecided] = {}
-        self.outcomes: dict[str, list[ev.Event]] = {}
-        self.results: dict[tuple[str, int], tuple[int, ev.CallSucceeded]] = {}
-        flags: dict[str, ev.CallDecided] = {}
-        for seq, e in enumerate(self.recording, 1):
-            match e:
-                case ev.ModelStepCompleted() | ev.ModelStepFailed():
-                    self.responses[e.step] = e
-                case ev.UsageCharged(estimated=False):
-                    self.charged[e.step] = e.usage
-                case ev.CallDecided():
-                    self.decided[(e.step, e.call_id)] = e
-                    flags.setdefault(e.tool, e)
-                case ev.CallSucceeded():
-                    self.results[(e.execution_id, e.attempt)] = (seq, e)
-                    self.outcomes.setdefault(e.execution_id, []).append(e)
-                case (ev.CallDispatched() | ev.CallFailed() | ev.CallTimedOut()
-                      | ev.CallOutcomeUnknown() | ev.CallReconciled() | ev.CallSkipped()):
-                    self.outcomes.setdefault(e.execution_id, []).append(e)
-                case _:
-                    pass
-        self.recorded_budget = admitted.budget
-        self.budget = budget if budget is not None else admitted.budget
-        self.output_guess = next((e.reservation.output_tokens for _, e in self.decisions
+        self.rec = rec = Recording(events)
+        self.note = rec.note
+        self.recorded_budget = rec.admitted.budget
+        self.budget = budget if budget is not None else rec.admitted.budget
+        self.output_guess = next((e.reservation.output_tokens for _, e in rec.decisions
                                   if isinstance(e, ev.ModelStepStarted)), 0)
         self.pos = 0
         self.matched = 0
         self.divergence: Divergence | None = None
-        self.recorded_for: dict[int, ev.CallDecided] = {}
-        self.cancel = CancelToken()
-        self.clock = _ReplayClock(admitted.ts)
-        self.tools = {name: _StandIn(name, flags.get(name), self) for name in admitted.tools}
+        self.t = 0.0
+        #: When the next decision was made, if the recording says so exactly (a model reply).
+        self.held: float | None = None
+        self.machine = Machine(
+            config=rec.config(self.budget), state=RunState(), deadline=self.budget.deadline_s,
+            started=0.0, current=self.budget, caps=dict(rec.admitted.tool_caps),
+            ledger_open=rec.admitted.parent_run_id is not None)
 
     # -- the recording's cursor ----------------------------------------------------------
     def upcoming(self) -> tuple[int, ev.Event] | None:
-        return self.decisions[self.pos] if self.pos < len(self.decisions) else None
+        return self.rec.decisions[self.pos] if self.pos < len(self.rec.decisions) else None
 
     def time_of(self, event: ev.Event) -> float:
         """When the recorded run made its check for ``event``: its elapsed time, kept just
@@ -320,233 +244,259 @@ class _Checker:
         t = event.elapsed_s
         deadline = self.recorded_budget.deadline_s
         passed = (isinstance(event, ev.RunFinished) and kinds.is_deadline(event.exhausted_limit)) \
-            or (isinstance(event, ev.CallDecided) and kinds.is_skipped(event.decision)
-                and event.reason == "deadline")
+            or (isinstance(event, ev.CallDecided | ev.ModelStepFailed)
+                and _says(event, "deadline"))
         if deadline is not None and not passed:
             t = min(t, math.nextafter(deadline, -math.inf))
         return t
 
-    def sync(self) -> None:
-        """Set the clock and the cancel token as the recorded run saw them next."""
-        nxt = self.upcoming()
-        if nxt is None:
-            return
-        event = nxt[1]
-        self.clock.now = max(self.clock.now, self.time_of(event))
-        if isinstance(event, ev.RunFinished) and kinds.is_cancelled(event.status):
-            self.cancel.cancel("as recorded")
+    def now(self) -> Instant:
+        """The instant of the next decision: when the recorded run made it (its model reply's
+        event, else its next recorded decision; time never runs backwards), and whether it
+        was cancelled by then (its first event that says so)."""
+        nxt, t = self.upcoming(), self.t
+        if self.held is not None:
+            # The reply's event is stamped when the run decided on it; the decisions before
+            # it (which made no event) were only placed no later than the next decision.
+            t, self.held = self.held, None
+        elif nxt is not None:
+            t = self.t = max(self.t, self.time_of(nxt[1]))
+        at = self.rec.cancelled_at
+        cancelled = at is not None and t >= at
+        return Instant(self.rec.admitted.ts - self.rec.admitted.elapsed_s + t, t,
+                       cancelled, "as recorded" if cancelled else "")
 
-    def end(self, note: str) -> object:
+    def stop(self, note: str) -> _Stop:
         self.note = "; ".join(n for n in (self.note, note) if n)
-        return _STOP
+        return _Stop()
 
-    def ends_here(self, where: str) -> object:
+    def ends_here(self, where: str) -> _Stop:
         """The recording has nothing more to answer with (a crash, or the horizon)."""
         if self.note:  # the horizon note already says where and why
-            return _STOP
-        return self.end(f"the recording ends {where} before the run finished; every recorded "
-                        "decision matched")
+            return _Stop()
+        return self.stop(f"the recording ends {where} before the run finished; every "
+                         "recorded decision matched")
 
-    def expect(self, current: ev.Event) -> bool:
+    # -- comparing -----------------------------------------------------------------------
+    def expect(self, current: ev.Event) -> None:
         """Compare one decision of the current policy with the next recorded one."""
         nxt = self.upcoming()
         if nxt is None:
-            if self.finished:
+            if self.rec.finished:
                 self.divergence = Divergence(seq=None, step=_step(current),
                                              recorded="nothing more (the run had finished)",
                                              current=describe(current))
-            else:
-                self.ends_here(f"at seq {len(self.recording)}")
-            return False
+                raise _Stop
+            raise self.ends_here(f"at seq {len(self.rec.events)}")
         seq, recorded = nxt
         if isinstance(recorded, ev.RunFinished) \
                 and kinds.is_journal_unavailable(recorded.status):
-            self.end(f"the journal failed before seq {seq} and nothing after that was "
-                     "recorded; every recorded decision before it matched")
-            return False
+            # Whether the journal could record, or the lease held, is not recorded.
+            raise self.stop(f"the journal failed before seq {seq} and nothing after that was "
+                            "recorded; every recorded decision before it matched")
         if _key(recorded) != _key(current):
             self.divergence = Divergence(seq=seq, step=_step(recorded),
                                          recorded=describe(recorded), current=describe(current))
-            return False
+            raise _Stop
         self.pos += 1
         self.matched += 1
-        self.sync()
-        return True
 
-    # -- inputs the current policy asks for ----------------------------------------------
-    def estimate(self, history: list[Message], model: Any) -> Usage:
-        """The recorded reservation of the step about to start."""
+    def result(self, event: ev.CallSucceeded) -> None:
+        """A result's status (``too_large``) is decided again under the budget checked."""
+        found = self.rec.results.get((event.execution_id, event.attempt))
+        if found is None or found[1].status == event.status:
+            return
+        seq, recorded = found
+        rec = self.rec.by_eid.get(event.execution_id)
+        what = f"call {rec.call_id} ({rec.tool}) result" if rec else "call result"
+        self.divergence = Divergence(
+            seq=seq, step=rec.step if rec else 0,
+            recorded=f"{what} {recorded.status} ({recorded.size} bytes)",
+            current=f"{what} {event.status}")
+        raise _Stop
+
+    def feed(self, inp: fact.Input) -> fx.Step:
+        """One decision: its events compared with the recording, then folded and queued as
+        the interpreter does."""
+        m = self.machine
+        step = decide(m, inp, self.now())
+        for event in step.events:
+            if isinstance(event, DECISIONS):
+                self.expect(event)
+            elif isinstance(event, ev.CallSucceeded):
+                self.result(event)
+            apply(m.state, event)
+            m.pending.append(event)
+        return step
+
+    # -- inputs derived from the recording -----------------------------------------------
+    def answer(self, effect: fx.Effect) -> fact.Input:
+        m = self.machine
+        match effect:
+            case fx.Commit():
+                outbox(m)
+                return fact.Committed()
+            case fx.ChargeTree():
+                return fact.TreeReplied(_TREE)
+            case fx.Estimate():
+                return self.estimated()
+            case fx.InvokeModel():
+                return self.replied(effect.step)
+            case fx.CheckCalls():
+                return self.checked()
+            case fx.AskApproval():
+                batch = m.batch
+                assert batch is not None
+                answers = []
+                for i in effect.indexes:
+                    d = self.rec.decided.get((m.step, batch.calls[i].id))
+                    answers.append(bool(d and (d.approval or d.reason == NESTED_APPROVAL)))
+                return fact.ApprovalsRuled(answers)
+            case fx.StartCalls():
+                return self.dispatched(effect)
+        raise self.stop(f"not checkable from seq {self.upcoming_seq()}: the current policy "
+                        f"asked for {type(effect).__name__}, which a recording cannot answer")
+
+    def upcoming_seq(self) -> int:
         nxt = self.upcoming()
-        if nxt is not None and isinstance(nxt[1], ev.ModelStepStarted):
-            return nxt[1].reservation
-        estimate = default_reservation(len(_json.encode(history)), self.output_guess)
-        if nxt is not None and isinstance(nxt[1], ev.RunFinished) \
-                and kinds.is_limit_exceeded(nxt[1].status) \
-                and nxt[1].exhausted_limit in TOKEN_LIMITS:
-            # The recorded run stopped before this step: its reservation went over the limit
-            # but was not kept. Use the default estimate when it agrees, else the least that
-            # does.
-            limit = nxt[1].exhausted_limit or ""
-            used = replay(self.recording[:nxt[0] - 1]).usage
-            if exceeded(self.recorded_budget, used + estimate) != limit:
-                return _tripping(self.recorded_budget, used, limit)
-        return estimate
+        return nxt[0] if nxt is not None else len(self.rec.events)
 
-    def permit(self, call: ToolCall, tool: Tool, ctx: ModelContext) -> Any:
-        """Feeds the recorded decision of this call: a denial here; invalid arguments, the
-        clock and cancellation through the stand-in's ``validate`` (keyed by the call's
-        arguments object, which the loop hands to both)."""
-        recorded = self.decided.get((ctx.step, call.id))
+    def estimated(self) -> fact.Input:
+        """The recorded reservation of the step about to start; a step that never started
+        kept none: the interpreter's default estimate stands in, when it gives the recorded
+        decision under the recorded budget."""
+        m, nxt = self.machine, self.upcoming()
+        if nxt is None:
+            raise self.ends_here(f"at seq {len(self.rec.events)}")
+        seq, event = nxt
+        if isinstance(event, ev.ModelStepStarted):
+            return fact.Estimated(event.reservation)
+        size = len(_json.encode(m.state.transcript))
+        estimate = default_reservation(size, self.output_guess)
+        if isinstance(event, ev.RunFinished) and kinds.is_limit_exceeded(event.status) \
+                and event.exhausted_limit in TOKEN_LIMITS \
+                and exceeded(self.recorded_budget, m.state.usage + estimate) \
+                != event.exhausted_limit:
+            raise self.stop(
+                f"not checkable at seq {seq}: the run stopped before model step "
+                f"{m.state.model_steps + 1} on its reservation, which was not recorded (the "
+                "runner's estimator, or the model's output maximum); every recorded decision "
+                "before it matched")
+        if isinstance(event, ev.RunFinished) and _NOT_CALLED in event.explanation:
+            return fact.Estimated(failed="the runner's estimator failed (as recorded)")
+        return fact.Estimated(estimate)
+
+    def replied(self, step: int) -> fact.Input:
+        recorded = self.rec.replies.get(step)
         if recorded is None:
-            return True
-        self.recorded_for[id(call.arguments)] = recorded
-        if kinds.is_denied(recorded.decision):
-            return recorded.reason or "denied (as recorded)"
-        return True
-
-    def model_reply(self, ctx: ModelContext) -> Any:
-        from boundloop.loop import ModelReply
-
-        started = ev.ModelStepStarted(run_id=self.admitted.run_id, step=ctx.step,
-                                      tools_allowed=ctx.tools_allowed, reservation=Usage())
-        if not self.expect(started):
-            return _STOP
-        recorded = self.responses.get(ctx.step)
-        if recorded is None:
-            return self.ends_here(f"at seq {len(self.recording)}, with no answer of the "
-                                  f"model to step {ctx.step},")
+            raise self.ends_here(f"at seq {len(self.rec.events)}, with no answer of the "
+                                 f"model to step {step},")
+        self.held = self.time_of(recorded)
+        charged = self.rec.charged.get(step)
+        reported = charged.usage if charged is not None and not charged.estimated else None
+        quote = Quote(charged.usage.cost, charged.unpriced) \
+            if self.rec.catalogue and reported is not None and charged is not None else None
+        latency = recorded.latency_s
         if isinstance(recorded, ev.ModelStepCompleted):
             response: Any = recorded.response
-            if ctx.step in self.charged:
-                response = msgspec.structs.replace(response, usage=self.charged[ctx.step])
-            return ModelReply(response, None, recorded.latency_s)
-        if recorded.reason == "error":
-            return ModelReply(None, RecordedModelError(recorded.detail), recorded.latency_s)
-        if recorded.reason == "cancelled":
-            self.cancel.cancel("as recorded")
-            return ModelReply(None, None, recorded.latency_s)
-        return ModelReply(_MALFORMED, None, recorded.latency_s)
+            if reported is not None:
+                response = msgspec.structs.replace(response, usage=reported)
+            return fact.ModelReplied(response, latency_s=latency, quote=quote)
+        abandoned = _ABANDONED.get(recorded.detail)
+        if recorded.reason in ("deadline", "cancelled") and abandoned is not None:
+            return fact.ModelReplied(latency_s=latency, abandoned=abandoned)
+        if recorded.reason in ("error", "deadline"):
+            return fact.ModelReplied(error=recorded.detail, latency_s=latency)
+        if recorded.reason == "cancelled":  # seen after the response, which was discarded
+            return fact.ModelReplied(latency_s=latency)
+        # A turn the adapter cut on a spent limit is not marked so in the journal: one whose
+        # reported usage ended the run there (its next decision) was.
+        nxt = self.upcoming()
+        cut = nxt[1].exhausted_limit if nxt is not None and reported is not None \
+            and isinstance(nxt[1], ev.RunFinished) and nxt[1].model_steps == step else None
+        return fact.ModelReplied(Malformed(reason=recorded.detail, usage=reported, limit=cut),
+                                 latency_s=latency, quote=quote)
 
-    def outcome(self, execution_id: str) -> Any:
-        from boundloop.loop import Attempt, Outcome
+    def checked(self) -> fact.Input:
+        """The permission check's verdicts and the validation, as recorded."""
+        m = self.machine
+        batch = m.batch
+        assert batch is not None
+        verdicts: list[fact.Verdict] = []
+        invalid: list[str | None] = []
+        for call in batch.calls:
+            d = self.rec.decided.get((m.step, call.id))
+            denied = d is not None and kinds.is_denied(d.decision)
+            verdicts.append((d.reason or False) if denied and d is not None else True)
+            invalid.append((d.reason or "invalid arguments (as recorded)")
+                           if d is not None and kinds.has_invalid_arguments(d.decision)
+                           else None)
+        return fact.CallsChecked(verdicts, [c.arguments for c in batch.calls], invalid)
 
-        out = Outcome(execution_id)
-        for e in self.outcomes.get(execution_id, []):
-            last = out.attempts[-1] if out.attempts else None
-            match e:
-                case ev.CallSkipped():
-                    out.skipped = e.reason
-                case ev.CallSucceeded():
-                    value: Any = e.content
-                    if kinds.is_too_large(e.status):
-                        value = "x" * max(e.size - 2, 0)  # as many JSON bytes as the result
-                    out.attempts.append(Attempt(e.attempt, "ok", value, latency_s=e.latency_s))
-                case ev.CallFailed():
-                    out.attempts.append(Attempt(e.attempt, "error", error=e.content,
-                                                category=e.error_category,
-                                                latency_s=e.latency_s))
-                case ev.CallTimedOut():
-                    out.attempts.append(Attempt(e.attempt, "timeout", latency_s=e.latency_s,
-                                                timeout_s=e.timeout_s))
-                case ev.CallReconciled() if last is not None:
-                    last.reconciled = e.took_effect
-                    last.reconciled_value = e.content
-                case ev.CallOutcomeUnknown() if last is not None:
-                    last.error = e.content
-                case _:
-                    pass
-        return out
+    def dispatched(self, effect: fx.StartCalls) -> fact.Input:
+        """The calls' recorded attempts: each attempt that started after its round made its
+        CallDispatched durable first, in the order the recording has them."""
+        m, limit = self.machine, self.budget.max_result_bytes
+        starts = {c.execution_id: c for c in effect.calls}
+        for d in self.rec.dispatched:
+            c = starts.get(d.execution_id)
+            if c is None or d.attempt < c.first_attempt \
+                    or (c.recorded and d.attempt == c.first_attempt):
+                continue
+            done, _ = self.rec.attempts(d.execution_id, limit)
+            self.feed(fact.AttemptStarting(d.execution_id, d.attempt,
+                                           [a for a in done if a.attempt < d.attempt]))
+            outbox(m)
+        ended = []
+        for c in effect.calls:
+            done, skipped = self.rec.attempts(c.execution_id, limit)
+            ended.append(fact.Ended(c.execution_id, done, skipped))
+        return fact.AttemptsEnded(ended)
 
-    def committed(self, events: Sequence[ev.Event]) -> object:
-        for event in events:
-            if isinstance(event, ev.CallDecided | ev.RunFinished):
-                if not self.expect(event):
-                    return _STOP
-            elif isinstance(event, ev.CallSucceeded):
-                found = self.results.get((event.execution_id, event.attempt))
-                if found is not None and found[1].status != event.status:
-                    seq, recorded = found
-                    rec = self.decided_by_eid(event.execution_id)
-                    what = f"call {rec.call_id} ({rec.tool}) result" if rec else "call result"
-                    self.divergence = Divergence(
-                        seq=seq, step=rec.step if rec else 0,
-                        recorded=f"{what} {recorded.status} ({recorded.size} bytes)",
-                        current=f"{what} {event.status}")
-                    return _STOP
-        return None
-
-    def decided_by_eid(self, execution_id: str) -> ev.CallDecided | None:
-        return next((d for d in self.decided.values() if d.execution_id == execution_id), None)
-
-    # -- the drive -----------------------------------------------------------------------
+    # -- the run ---------------------------------------------------------------------------
     def run(self) -> CheckReport:
-        from boundloop import loop
-
-        spec = loop.RunSpec(
-            run_id=self.admitted.run_id, model=_no_handler, tools=dict(self.tools),
-            budget=self.budget, history=list(self.admitted.history), cancel=self.cancel,
-            secret_key=b"boundloop-check", clock=self.clock, owner=self.admitted.owner,
-            permit=self.permit, estimator=self.estimate,
-            parent_run_id=self.admitted.parent_run_id, parent_step=self.admitted.parent_step,
-            parent_execution_id=self.admitted.parent_execution_id)
-        driver = loop.Driver(spec)
-        gen = driver.run()
-        self.sync()
-        reply: Any = None
+        inp: fact.Input = fact.Tick()
         try:
             while True:
-                try:
-                    effect = gen.send(reply)
-                except StopIteration:
+                step = self.feed(inp)
+                if not step.effects:
+                    inp = fact.Tick()
+                    continue
+                effect = step.effects[0]
+                if isinstance(effect, fx.Finish):
                     break
-                if isinstance(effect, loop.Commit):
-                    reply = self.committed(effect.events)
-                elif isinstance(effect, loop.InvokeModel):
-                    reply = self.model_reply(effect.ctx)
-                elif isinstance(effect, loop.Dispatch):
-                    reply = [self.outcome(p.execution_id) for p in effect.calls]
-                    for p, out in zip(effect.calls, reply, strict=True):
-                        # As the executor does: an attempt that did not ride its round's
-                        # commit has its dispatch recorded before it starts.
-                        done = p.first_attempt if p.recorded else p.first_attempt - 1
-                        for i, att in enumerate(out.attempts):
-                            if att.attempt > done:
-                                driver.attempt_events(p.execution_id, att.attempt,
-                                                      out.attempts[:i])
-                                done = att.attempt
-                elif isinstance(effect, loop.CallUser):
-                    # The check's own estimator and permit stand-ins: call them in place.
-                    try:
-                        reply = loop.ModelReply(effect.fn(*effect.args))
-                    except Exception as exc:  # noqa: BLE001 - delivered as the reply
-                        reply = loop.ModelReply(None, exc)
-                elif isinstance(effect, loop.Ledger):
-                    # A child run settling with its tree: its own budget (already the smaller
-                    # of what it asked and what was left) is what the check holds it to.
-                    reply = LedgerReply(True, [], TreeLeft())
-                else:
-                    reply = self.end(f"the current loop asked for {type(effect).__name__}, "
-                                     "which a recording cannot answer")
-                if reply is _STOP:
-                    break
-        finally:
-            gen.close()
-        return CheckReport(run_id=self.admitted.run_id, ok=self.divergence is None,
+                inp = self.answer(effect)
+        except _Stop:
+            pass
+        return CheckReport(run_id=self.rec.admitted.run_id, ok=self.divergence is None,
                            decisions=self.matched, divergence=self.divergence,
                            budget=self.budget, note=self.note)
 
 
 def check(events: Sequence[ev.Event], budget: Budget | None = None) -> CheckReport:
-    """Re-run the current policy over a recorded run and report the first decision that
-    differs (a Replayer): no model or tool is called.
+    """Feed a recorded run's inputs to the current ``core.decide`` and report the first
+    decision that differs (a Replayer, as Temporal's): no model or tool is called.
 
-    The run is driven by ``loop.drive`` with a RunSpec rebuilt from its RunAdmitted event.
-    Model steps are answered with the recorded responses (and reported usage), dispatches
-    with the recorded outcomes; time and cancellation follow the recording; recorded
-    ``denied``, ``invalid_arguments`` and ``unknown_tool`` decisions are taken as given (the
-    tools are stand-ins known by name). The decisions compared are each model step's start
-    (and whether tools were allowed), each call's decision, and how the run finished
-    (status, limit, counters), plus each result's status (``too_large``).
+    The inputs are derived from the events: each model step's reservation
+    (ModelStepStarted), reply and reported usage (ModelStepCompleted/Failed,
+    UsageCharged), each call's permission verdict, validation and approval (its
+    CallDecided), each attempt's outcome (CallDispatched, CallSucceeded, CallFailed,
+    CallTimedOut, CallOutcomeUnknown, CallReconciled, CallSkipped); each decision is made
+    at the time the recording places it, cancelled from the first event that says the run
+    was, and every commit succeeds. The decisions compared are each model step's start (and
+    whether tools were allowed), each call's decision, and how the run finished (status,
+    limit, counters), plus each result's status (``too_large``); the other events each Step
+    yields are folded, as the interpreter folds them, but not compared (a journal written
+    before the first dispatch rode the decisions' commit orders them differently).
+
+    Taken as recorded, since no event keeps what decided them: the permission check's
+    verdicts, the tools' validation and approval rules (user code: a recorded ``denied`` or
+    ``invalid_arguments`` is fed back as the verdict), whether a failed attempt was
+    retried (the tool's retry settings), the run tree's answers to a child run (it is held
+    to its own budget), the journal's and the lease's state (a run that ended
+    ``journal_unavailable`` is checked up to there). What cannot be derived at all ends the
+    check with a note saying "not checkable": the reservation of a step that never started
+    when it is what stopped the run and the default estimate does not reproduce that.
 
     Args:
         events: the run's events, oldest first.
@@ -556,4 +506,4 @@ def check(events: Sequence[ev.Event], budget: Budget | None = None) -> CheckRepo
     Raises:
         JournalCorrupt: the events do not start with RunAdmitted.
     """
-    return _Checker(list(events), budget).run()
+    return _Replayer(list(events), budget).run()
