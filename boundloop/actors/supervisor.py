@@ -36,6 +36,7 @@ from opentelemetry.context import Context as OtelContext
 from boundloop import events as ev
 from boundloop.actors._base import Actor
 from boundloop.actors.budget import Settle
+from boundloop.actors.executor import launch_alone
 from boundloop.actors.hung_commits import (
     COMMIT_PATIENCE_S,
     GRACE_S,
@@ -382,7 +383,9 @@ class SupervisorActor(Actor):
                 def completed(outcomes: Any, err: BaseException | None) -> None:
                     tell(me, EffectDone(run_id, outcomes, err, generation=generation))
 
-                self.executor.tell(DispatchBatch(effect, completed))
+                if not (isinstance(effect, Dispatch) and launch_alone(
+                        self.executor, self.workers, self.telemetry, effect, completed)):
+                    self.executor.tell(DispatchBatch(effect, completed))
 
     # -- commits that hang past the deadline --------------------------------------------
     def _tell_wall(self, run_id: str) -> None:
