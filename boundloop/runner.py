@@ -31,7 +31,8 @@ from boundloop._runner.submitting import Submitting
 from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.budget import BudgetActor
 from boundloop.actors.executor import ExecutorActor
-from boundloop.actors.supervisor import Shard, SupervisorActor
+from boundloop.actors.hung_commits import Shard
+from boundloop.actors.supervisor import SupervisorActor
 from boundloop.actors.workers import MAX_THREADS, Workers
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock

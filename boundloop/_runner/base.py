@@ -15,7 +15,8 @@ from boundloop import events as ev
 from boundloop.actors.admission import AdmissionActor
 from boundloop.actors.budget import BudgetActor
 from boundloop.actors.executor import ExecutorActor
-from boundloop.actors.supervisor import Shard, SupervisorActor
+from boundloop.actors.hung_commits import Shard
+from boundloop.actors.supervisor import SupervisorActor
 from boundloop.actors.workers import Workers
 from boundloop.cancel import CancelToken
 from boundloop.clock import Clock

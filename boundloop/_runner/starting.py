@@ -17,8 +17,8 @@ import pykka
 from boundloop._runner.base import RunnerBase
 from boundloop._runner.settle import _settle, _settle_closed
 from boundloop.actors.budget import Close, Left, Open
+from boundloop.actors.hung_commits import hung, watch
 from boundloop.actors.messages import Admit, Release, StartRun
-from boundloop.actors.supervisor import hung, watch
 from boundloop.actors.workers import waiting
 from boundloop.agent import Agent, check_labels
 from boundloop.cancel import CancelToken

@@ -7,6 +7,14 @@ is tried again is the run's decision (``core.decide``, asked through the supervi
 the attempt's facts), as is every attempt's CallDispatched, durable before it starts; what
 may start now is ``core.rules.dispatch_gate``. The executor reports raw facts (an attempt
 ran and returned, raised, timed out, or never started).
+
+The plain case takes no hop through this actor: a supervisor starts a batch of one call
+whose dispatch is durable straight on the tool pool (``launch_alone``), and the thread that
+ran the attempt reports its outcome to the supervisor itself when that attempt is the
+call's last (``_report``). Whatever else happens to it (its timeout, a retry to ask for, a
+cancellation, the deadline, a call not started) hands the batch to this actor
+(``_Adopt``), which owns its walls from then on; the call's ``gate`` lock decides which of
+the thread and the actor ends an attempt.
 """
 
 from __future__ import annotations
@@ -88,6 +96,16 @@ class _Reconciled(msgspec.Struct):
     value: Any = None
 
 
+class _Adopt(msgspec.Struct):
+    """A batch a supervisor launched itself (``launch_alone``) is this actor's from now on:
+    its attempt timed out, failed with a retry to ask for or did not start, or the run was
+    cancelled or its deadline passed. ``event`` is what happened."""
+
+    batch: _Batch
+    bid: int
+    event: _Done | _TimedOut | _Halt
+
+
 class _Call(msgspec.Struct):
     planned: Planned
     outcome: Outcome
@@ -101,6 +119,9 @@ class _Call(msgspec.Struct):
     gate: threading.Lock = msgspec.field(default_factory=threading.Lock)
     # Set on the pool thread when the handler really starts (read after its messages).
     started: list[float] = msgspec.field(default_factory=lambda: [0.0])
+    # Under ``gate``: the generation of the attempt whose end was taken, by the thread that
+    # ran it (it reported the call's outcome itself) or by a timeout here, whichever first.
+    ended: int = 0
 
 
 class _Batch(msgspec.Struct):
@@ -111,6 +132,13 @@ class _Batch(msgspec.Struct):
     running: int = 0
     finished: int = 0
     unwatch: Callable[[], None] | None = None
+    #: None: this actor launched it. False: a supervisor did (``launch_alone``) and its
+    #: thread may still report the outcome itself; True: this actor has taken it over.
+    adopted: bool | None = None
+
+
+#: Batch ids, shared by the actor and ``launch_alone`` (``next`` on a count is atomic).
+_IDS = itertools.count()
 
 
 def reconcile_result(value: Any, error: BaseException | None) -> tuple[bool | None, Any]:
@@ -130,7 +158,10 @@ class ExecutorActor(Actor):
         #: makes each attempt's execute_tool span current in its handler (linked traces)
         self.telemetry = telemetry
         self.batches: dict[int, _Batch] = {}
-        self._ids = itertools.count()
+        self._ids = _IDS
+        #: Batches whose one call's thread reported its outcome itself (see _launch):
+        #: forgotten here on the next message (a deque: appended from those threads).
+        self._ended: deque[int] = deque()
 
     def _tell_when_done(self, future: Future[Any], make: Callable[[Any, BaseException | None],
                                                                   Any]) -> None:
@@ -142,6 +173,8 @@ class ExecutorActor(Actor):
         future.add_done_callback(done)
 
     def on_receive(self, message: Any) -> Any:
+        while self._ended:
+            self._forget(self._ended.popleft())
         match message:
             case DispatchBatch(dispatch=Reconcile() as r, reply=reply):
                 try:
@@ -155,6 +188,15 @@ class ExecutorActor(Actor):
                     for key in [k for k, b in self.batches.items() if b.reply is reply]:
                         self._forget(key)
                     reply(None, exc)
+            case _Adopt(batch=adopted, bid=bid, event=event):
+                call = adopted.calls[0]
+                with call.gate:
+                    if adopted.adopted is False:
+                        if call.ended == call.generation:
+                            return None  # its thread reported the outcome itself
+                        adopted.adopted = True
+                        self.batches[bid] = adopted
+                self.on_receive(event)
             case _Done() | _TimedOut() | _Reconciled() | _Retry() | _Recorded() | _Halt() \
                     | _Answer():
                 batch = self.batches.get(message.batch)
@@ -210,10 +252,7 @@ class ExecutorActor(Actor):
             self._fill(bid, batch)
 
     def _gate(self, d: Dispatch) -> decide.SkipReason | None:
-        return decide.dispatch_gate(
-            recordable=d.recordable is None or d.recordable(), cancelled=d.cancel.cancelled,
-            deadline_passed=d.deadline is not None and d.clock.monotonic() >= d.deadline,
-            leased=d.leased is None or d.leased())
+        return _gate(d)
 
     def _fill(self, bid: int, batch: _Batch) -> None:
         limit = batch.dispatch.max_parallel or len(batch.calls)
@@ -239,38 +278,9 @@ class ExecutorActor(Actor):
                  lambda err: tell(me, _Recorded(bid, index, gen, err)))
 
     def _launch(self, bid: int, batch: _Batch, index: int) -> None:
-        d, call = batch.dispatch, batch.calls[index]
-        tool, p = call.planned.tool, call.planned
-        child = None if d.run_child is None or d.parent is None else \
-            _bind(d.run_child, d.parent, p.execution_id)
-        ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, call.attempt,
-                          d.deadline, d.cancel, d.epoch, child)
-        call.generation += 1
-        call.stage = "launched"
-        call.started[0] = 0.0
-        gen, me, timer, started = call.generation, self.actor_ref, self.workers.timer, call.started
-        gate = self._gate
-
-        def on_start() -> bool:
-            # On the pool thread (or the event loop), right before the handler: a call that
-            # waited for a free thread past the deadline or a cancellation does not run,
-            # and its timeout counts from here, never from the wait.
-            with call.gate:
-                if call.halted or gate(d) is not None:
-                    return False
-                started[0] = time.perf_counter()
-            timeout = decide.attempt_timeout(tool.timeout_s, d.deadline, d.clock.monotonic())
-            if timeout is not None:
-                timer.after(timeout, lambda: tell(me, _TimedOut(bid, index, gen, timeout)))
-            return True
-
-        otel = None if self.telemetry is None else \
-            self.telemetry.tool_context(p.run_id, p.execution_id, call.attempt)
-        future = self.workers.start(self.workers.tool_pool, tool.handler, (),
-                                    tool.bind(p.kwargs, ctx), on_start, loop=d.loop,
-                                    context=otel)
-        call.future = future
-        self._tell_when_done(future, lambda v, e: _Done(bid, index, gen, v, e))
+        me = self.actor_ref
+        _launch(self.workers, self.telemetry, bid, batch, index, lambda m: tell(me, m),
+                self._ended)
 
     def _on_event(self, batch: _Batch,
                   m: _Done | _TimedOut | _Reconciled | _Retry | _Recorded | _Halt | _Answer,
@@ -314,6 +324,10 @@ class ExecutorActor(Actor):
                 self._retry_or_done(bid, batch, m.index,
                                     policy is not None and isinstance(exc, policy.retry_on))
             case _TimedOut():
+                with call.gate:
+                    if call.ended == m.generation:
+                        return  # its thread reported its outcome first
+                    call.ended = m.generation
                 call.generation += 1
                 if call.future is not None:
                     # The handler may never return: its thread is replaced, so it cannot
@@ -442,6 +456,124 @@ class ExecutorActor(Actor):
 
 _WHY = {"journal": "the journal could record nothing more", "cancelled": "the run was cancelled",
         "deadline": "the deadline passed", "lease": "this runner's lease ran out"}
+
+
+def _report(batch: _Batch, call: _Call, gen: int, value: Any, error: BaseException | None,
+            ended: deque[int] | None, bid: int) -> bool:
+    """On the thread that ran the attempt: when it is the call's last (it returned, or it
+    raised and the tool has no retry policy), and no timeout took it first, record it and
+    reply with the call's outcome; True if so."""
+    if error is not None and (isinstance(error, NotStarted)
+                              or (call.planned.tool.retry is not None
+                                  and batch.dispatch.retry is not None)):
+        return False
+    with call.gate:
+        if call.ended == gen or call.halted or batch.adopted:
+            return False
+        call.ended = gen
+    latency = time.perf_counter() - call.started[0]
+    if error is None:
+        call.outcome.attempts.append(Attempt(call.attempt, "ok", value, latency_s=latency))
+    else:
+        call.outcome.attempts.append(Attempt(
+            call.attempt, "error", error=describe_exception(error),
+            category=type(error).__name__, latency_s=latency))
+    call.stage = "done"
+    if ended is not None:
+        ended.append(bid)  # the actor forgets it on its next message
+    elif batch.unwatch is not None:
+        batch.unwatch()
+    batch.reply([call.outcome], None)
+    return True
+
+
+def _gate(d: Dispatch) -> decide.SkipReason | None:
+    return decide.dispatch_gate(
+        recordable=d.recordable is None or d.recordable(), cancelled=d.cancel.cancelled,
+        deadline_passed=d.deadline is not None and d.clock.monotonic() >= d.deadline,
+        leased=d.leased is None or d.leased())
+
+
+def _launch(workers: Workers, telemetry: Telemetry | None, bid: int, batch: _Batch,
+            index: int, send: Callable[[Any], None], ended: deque[int] | None) -> None:
+    """Start the call's current attempt (its dispatch is durable) on the tool pool. Its
+    timeout and its end come to the executor through ``send``, except the end the thread
+    that ran it reports itself (``_report``)."""
+    d, call = batch.dispatch, batch.calls[index]
+    tool, p = call.planned.tool, call.planned
+    child = None if d.run_child is None or d.parent is None else \
+        _bind(d.run_child, d.parent, p.execution_id)
+    ctx = ToolContext(p.run_id, p.call_id, p.execution_id, p.idempotency_key, call.attempt,
+                      d.deadline, d.cancel, d.epoch, child)
+    call.generation += 1
+    call.stage = "launched"
+    call.started[0] = 0.0
+    gen, timer, started = call.generation, workers.timer, call.started
+
+    def on_start() -> bool:
+        # On the pool thread (or the event loop), right before the handler: a call that
+        # waited for a free thread past the deadline or a cancellation does not run,
+        # and its timeout counts from here, never from the wait.
+        with call.gate:
+            if call.halted or _gate(d) is not None:
+                return False
+            started[0] = time.perf_counter()
+        timeout = decide.attempt_timeout(tool.timeout_s, d.deadline, d.clock.monotonic())
+        if timeout is not None:
+            timer.after(timeout, lambda: send(_TimedOut(bid, index, gen, timeout)))
+        return True
+
+    otel = None if telemetry is None else \
+        telemetry.tool_context(p.run_id, p.execution_id, call.attempt)
+    future = workers.start(workers.tool_pool, tool.handler, (), tool.bind(p.kwargs, ctx),
+                           on_start, loop=d.loop, context=otel)
+    call.future = future
+    alone = len(batch.calls) == 1
+
+    def done(f: Future[Any]) -> None:
+        # On the thread that ran the handler: the call of a batch of one whose attempt is
+        # its last (it returned, or raised with no retry to ask for) is reported to the
+        # supervisor from here, not through the executor's inbox (one hand-off less a
+        # round); anything else (a timeout first, a retry, a call not started) is the
+        # executor's to handle, as a message.
+        value, error = outcome(f)
+        if not (alone and _report(batch, call, gen, value, error, ended, bid)):
+            send(_Done(bid, index, gen, value, error))
+
+    future.add_done_callback(done)
+
+
+def launch_alone(executor: Any, workers: Workers, telemetry: Telemetry | None, d: Dispatch,
+                 reply: Callable[[Any, BaseException | None], None]) -> bool:
+    """On the supervisor's thread: start a batch of one call whose dispatch is durable and
+    that may start now straight on the tool pool, without a hand-off to the executor; the
+    thread that runs it reports its outcome (``_report``). The executor takes the batch
+    over (``_Adopt``) when anything else happens: its timeout (the executor's wall), a
+    retry to ask for, a cancellation or the deadline. False: nothing was started, the
+    batch is the executor's to perform."""
+    if len(d.calls) != 1 or not (d.calls[0].recorded or d.record is None) \
+            or _gate(d) is not None:
+        return False
+    p = d.calls[0]
+    call = _Call(p, Outcome(p.execution_id), p.first_attempt,
+                 recorded=p.first_attempt if p.recorded else p.first_attempt - 1)
+    batch = _Batch(d, reply, [call], deque(), running=1, adopted=False)
+    bid = next(_IDS)
+
+    def send(message: Any) -> None:
+        tell(executor, _Adopt(batch, bid, message))
+
+    _launch(workers, telemetry, bid, batch, 0, send, None)
+    # Watched once launched (the executor takes nothing over before): a call waiting for
+    # a free thread is skipped at once when the run is cancelled or its deadline passes.
+    batch.unwatch = d.cancel.on_cancel(lambda: send(_Halt(bid, "cancelled")))
+    if d.deadline is not None:
+        workers.timer.at(d.deadline, lambda: send(_Halt(bid, "deadline")))
+    with call.gate:
+        reported = call.ended == call.generation
+    if reported:
+        batch.unwatch()
+    return True
 
 
 def _bind(run_child: Callable[..., Any], parent: Any, execution_id: str) -> Callable[..., Any]:

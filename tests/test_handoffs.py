@@ -1,0 +1,34 @@
+"""The hand-offs of a W1 round (bench/run.py's count: pykka tells and asks across threads,
+pool submits, journal submits, each result handed to its caller) stay what issue #21 made
+them: a plain tool attempt goes from the supervisor to the thread that runs it and back,
+never through the executor's inbox. A count, not a timing: it does not depend on speed."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "run.py"
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("boundloop_bench_run", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.timeout(120)
+def test_a_w1_round_takes_no_hop_through_the_executor(tmp_path: Path) -> None:
+    bench = _bench()
+    got = bench.boundloop_loop(tmp_path, sync=False, inflight=1, runs=20, warmup=2,
+                               count=True)
+    # Per run of 5 rounds: 6 model calls there and back (12), 5 tool attempts there and
+    # back (10), the admission's ask (2), the StartRun, the release and the result (3).
+    assert got["handoffs_per_round"] <= (12 + 10 + 2 + 3) / 5, got
