@@ -18,7 +18,7 @@ from boundloop.core import effects as fx
 from boundloop.core import inputs as fact
 from boundloop.core.budget import Budget, Usage
 from boundloop.core.decide import Unexpected, decide
-from boundloop.core.finish import outbox
+from boundloop.core.finish import lose, outbox
 from boundloop.core.kinds import RUN_STATUSES
 from boundloop.core.replay import RunState, apply, replay
 from boundloop.core.rules import Attempt
@@ -88,6 +88,10 @@ class Script:
                                             for _ in effect.indexes])
             case fx.StartCalls():
                 return fact.AttemptsEnded([self.ended(m, c) for c in effect.calls])
+            case fx.Validate():
+                return fact.Validated([None] * len(effect.execution_ids))
+            case fx.Reconcile():
+                return fact.Reconciled(False)
         raise AssertionError(f"unexpected effect {effect!r}")
 
     def ended(self, m: Machine, c: fx.CallStart) -> fact.Ended:
@@ -113,9 +117,12 @@ class Script:
         return step
 
 
-def machine(budget: Budget, permit: bool = False) -> Machine:
-    config = Config(run_id=RID, budget=budget, tools=TOOLS, history=[], permit=permit)
-    return Machine(config=config, state=RunState(), current=budget, started=100.0)
+def machine(budget: Budget, permit: bool = False, state: RunState | None = None,
+            tools: dict[str, ToolFacts] | None = None) -> Machine:
+    config = Config(run_id=RID, budget=budget, tools=tools or TOOLS, history=[],
+                    permit=permit)
+    return Machine(config=config, state=state or RunState(), resumed=state is not None,
+                   current=budget, started=100.0)
 
 
 def drive(m: Machine, script: Script, limit: int = 400) -> tuple[Any, list[fx.Step]]:
@@ -315,7 +322,7 @@ def test_retries_are_decided_by_the_run(allowance: int, failures: list[Any]) -> 
     batch's call budget are left, nothing stops dispatch and the delay ends before the
     deadline; each retry spends one of the allowance."""
     m = machine(Budget(max_model_steps=2, max_tool_calls=5))
-    m.allowance, m.deadline = allowance, 110.0
+    m.allowance, m.deadline, m.stage = allowance, 110.0, "dispatch"  # its calls run
     left = allowance
     for retryable, made, delay, gate in failures:
         step = decide(m, fact.AttemptFailed("run-1:1:0", retryable, 3, made, delay, gate),
@@ -326,3 +333,133 @@ def test_retries_are_decided_by_the_run(allowance: int, failures: list[Any]) -> 
             assert step.effects == [fx.Retry("run-1:1:0", delay)]
             left -= 1
         assert m.allowance == left
+
+
+# -- defects found by review (issue #21) -----------------------------------------------------
+def until(m: Machine, script: Script, inp: fact.Input, want: type) -> Any:
+    """Drive ``m`` from ``inp`` until it asks for a ``want`` effect (returned)."""
+    for _ in range(100):
+        step = script.feed(m, inp)
+        effect = step.effects[0] if step.effects else None
+        if isinstance(effect, want):
+            return effect
+        assert not isinstance(effect, fx.Finish), effect
+        inp = fact.Tick() if effect is None else script.answer(m, effect)
+    raise AssertionError(f"no {want.__name__}")
+
+
+def finish(m: Machine, script: Script, inp: fact.Input) -> Any:
+    """Drive ``m`` from ``inp`` to its end: its result (the model may say Final)."""
+    for _ in range(100):
+        step = script.feed(m, inp)
+        effect = step.effects[0] if step.effects else None
+        if isinstance(effect, fx.Finish):
+            return effect.result
+        inp = fact.Tick() if effect is None else script.answer(m, effect)
+    raise AssertionError("the run did not end")
+
+
+def lost_record(m: Machine, inp: fact.AttemptStarting, now: Instant) -> None:
+    """As the supervisor does when the append of an attempt's events fails."""
+    for event in decide(m, inp, now).events:
+        apply(m.state, event)
+        m.pending.append(event)
+    batch, m.pending = m.pending, []
+    lose(m, batch)
+
+
+def test_a_retry_whose_dispatch_cannot_be_recorded_ends_the_run_writing_nothing() -> None:
+    """SPEC 6: a failure to record ends the run journal_unavailable before anything else is
+    dispatched; the report counts what the journal holds."""
+    m = machine(Budget(max_model_steps=4, max_tool_calls=4))
+    script = Script([CallTools(calls=[ToolCall(id="c1", name="add", arguments={"x": 1})])],
+                    [], [], 1)
+    start = until(m, script, fact.Tick(), fx.StartCalls)
+    eid = start.calls[0].execution_id
+    failed = Attempt(1, "error", error="it failed", category="ValueError")
+    retry = decide(m, fact.AttemptFailed(eid, True, 3, 1, 0.0, None), script.now())
+    assert retry.effects == [fx.Retry(eid, 0.0)]
+    lost_record(m, fact.AttemptStarting(eid, 2, [failed]), script.now())
+    written = len(script.appended)
+    # The executor: attempt 2 never started, as the journal failed to record it.
+    result = finish(m, script, fact.AttemptsEnded([fact.Ended(eid, [failed], "journal")]))
+    assert result.status == "journal_unavailable" and len(script.appended) == written
+    assert script.replies == [] and m.state.model_steps == 1  # no model call after it
+    assert result.tool_calls == replay(script.appended).tool_calls == 1
+    assert [u.execution_id for u in result.unresolved] == [eid]
+
+
+def test_a_resumed_retry_whose_dispatch_is_lost_leaves_a_journal_that_replays() -> None:
+    m = machine(Budget(max_model_steps=4, max_tool_calls=4))
+    script = Script([CallTools(calls=[ToolCall(id="c1", name="add", arguments={"x": 1})])],
+                    [], [], 1)
+    eid = until(m, script, fact.Tick(), fx.StartCalls).calls[0].execution_id
+    # A crash here: dispatched, no outcome. Resume retries the idempotent call.
+    again = machine(m.config.budget, state=replay(script.appended))
+    start = until(again, script, fact.Tick(), fx.StartCalls)
+    assert start.calls[0].first_attempt == 2
+    lost_record(again, fact.AttemptStarting(eid, 2, []), script.now())
+    written = len(script.appended)
+    result = finish(again, script, fact.AttemptsEnded([fact.Ended(eid, [], "journal")]))
+    assert result.status == "journal_unavailable" and len(script.appended) == written
+    assert replay(script.appended).calls[eid].attempt == 1
+
+
+def test_resume_closes_a_call_reconcile_says_did_not_take_effect_with_no_budget_left(
+        ) -> None:
+    """SPEC 6: reconcile said the action did not take effect; with no call left to retry
+    it, the call is closed as not taken (never outcome_unknown after that) and the run
+    goes on."""
+    tools = {**TOOLS, "put": ToolFacts(idempotent=True, reconcile=True)}
+    m = machine(Budget(max_model_steps=3, max_tool_calls=1), tools=tools)
+    script = Script([CallTools(calls=[ToolCall(id="c1", name="put", arguments={"x": 1})]),
+                     Final(text="done")], [], [], 1)
+    eid = until(m, script, fact.Tick(), fx.StartCalls).calls[0].execution_id
+    again = machine(m.config.budget, state=replay(script.appended), tools=tools)
+    result = finish(again, script, fact.Tick())
+    assert result.status == "final"
+    journal = replay(script.appended)
+    assert journal.calls[eid].status == again.state.calls[eid].status
+    assert not any(isinstance(e, ev.CallOutcomeUnknown) for e in script.appended)
+
+
+def test_a_permit_that_raised_gives_its_reason() -> None:
+    m = machine(Budget(max_model_steps=3, max_tool_calls=2), permit=True)
+    script = Script([CallTools(calls=[ToolCall(id="c1", name="add", arguments={"x": 1})])],
+                    [], [], 1)
+    until(m, script, fact.Tick(), fx.CheckCalls)
+    script.feed(m, fact.CallsChecked([fact.PermitRaised("RuntimeError: policy db down")],
+                                     [{"x": 1}], [None]))
+    [decided] = [e for e in m.pending if isinstance(e, ev.CallDecided)]
+    assert decided.decision == "denied"
+    assert decided.reason == "the permission check raised RuntimeError: policy db down"
+
+
+def test_a_refused_input_leaves_the_machine_as_it_was() -> None:
+    m = machine(Budget(max_model_steps=3, max_tool_calls=2))
+    script = Script([Final(text="x")], [], [], 1)
+    until(m, script, fact.Tick(), fx.InvokeModel)
+    m.committing = [ev.CallFailed(run_id=RID, ts=0.0, elapsed_s=0.0, execution_id="e",
+                                  attempt=1, error_category="ValueError", content="x")]
+    before = msgspec.msgpack.encode(m)
+    for wrong in (fact.Committed("boom"), fact.AttemptFailed("e", True, 3, 1),
+                  fact.AttemptStarting("e", 2, []), fact.Validated([])):
+        with pytest.raises(Unexpected):
+            decide(m, wrong, script.now())
+        assert msgspec.msgpack.encode(m) == before
+
+
+def test_a_failure_of_boundloop_records_what_attempts_did_with_the_run_finished() -> None:
+    """``Failed``: the outcomes folded and not yet written are committed with the
+    RunFinished (a resume would find them unknown), so its counters are the journal's."""
+    m = machine(Budget(max_model_steps=3, max_tool_calls=2))
+    script = Script([CallTools(calls=[ToolCall(id="c1", name="add", arguments={"x": 1})])],
+                    ["ok"], [], 1)
+    start = until(m, script, fact.Tick(), fx.StartCalls)
+    script.feed(m, script.answer(m, start))  # the outcome is folded, not yet written
+    assert any(isinstance(e, ev.CallSucceeded) for e in m.pending)
+    result = finish(m, script, fact.Failed("boundloop failed"))
+    assert result.status == "needs_review"
+    journal = replay(script.appended)
+    assert journal.status == "needs_review" and journal.tool_calls == result.tool_calls == 1
+    assert any(isinstance(e, ev.CallSucceeded) for e in script.appended)

@@ -30,9 +30,8 @@ from boundloop.core.effects import (
     Step,
 )
 from boundloop.core.finish import (
-    done as _done,
-)
-from boundloop.core.finish import (
+    ATTEMPT_FACTS,
+    JOURNAL_LOST,
     finish,
     finish_committed,
     finish_event,
@@ -43,6 +42,9 @@ from boundloop.core.finish import (
     tree,
     tree_replied,
     unavailable,
+)
+from boundloop.core.finish import (
+    done as _done,
 )
 from boundloop.core.inputs import (
     ApprovalsRuled,
@@ -67,6 +69,7 @@ from boundloop.core.steps import (
     attempts,
     end_round,
     halt,
+    journal_lost,
     link,
     next_round,
     now_of,
@@ -106,17 +109,19 @@ def admission(m: Machine, owner: str, queued: bool, now: Instant) -> ev.RunAdmit
 
 
 def decide(m: Machine, inp: Input, now: Instant) -> Step:
-    """The next Step of the run ``m`` (updated in place) given ``inp`` at ``now``."""
-    if isinstance(inp, Committed):
-        if inp.error is not None:
-            lose(m, m.committing)
-        m.committing = []
-    elif isinstance(inp, AttemptStarting):
-        return _attempt_starting(m, inp, now)
-    elif isinstance(inp, AttemptFailed):
+    """The next Step of the run ``m`` (updated in place) given ``inp`` at ``now``; an input
+    its stage does not wait for raises ``Unexpected`` and leaves ``m`` as it was."""
+    if isinstance(inp, AttemptStarting | AttemptFailed):
+        _expect(m, m.stage in _DISPATCHING, inp)
+        if isinstance(inp, AttemptStarting):
+            return _attempt_starting(m, inp, now)
         return _may_retry(m, inp, now)
-    elif isinstance(inp, Failed):
-        m.pending = []
+    if isinstance(inp, Failed):
+        _expect(m, m.stage != "done", inp)
+        # Boundloop itself failed: what the run's attempts did is recorded with the
+        # RunFinished (a resume would otherwise find those outcomes unknown); the rest
+        # of what was folded and not written is dropped, as it may be what failed.
+        m.pending = [e for e in m.pending if isinstance(e, ATTEMPT_FACTS)]
         return halt(m, Stop("needs_review", detail=inp.detail, plain=True), now)
     if isinstance(inp, EffectFailed) and m.stage not in _FINISHING:
         if m.stage == "model":
@@ -124,11 +129,22 @@ def decide(m: Machine, inp: Input, now: Instant) -> Step:
         # A lost lease is this runner's, not the journal's failing: it says so alone.
         return halt(m, Stop("journal_unavailable", detail=inp.error, plain=inp.lease), now)
     handler = _HANDLERS.get((m.stage, type(inp)))
-    if handler is None:
-        raise Unexpected(f"the run in stage {m.stage!r} was given {type(inp).__name__}")
+    _expect(m, handler is not None, inp)
+    assert handler is not None
+    if isinstance(inp, Committed):
+        if inp.error is not None:
+            lose(m, m.committing)
+        m.committing = []
     return handler(m, inp, now)
 
 
+def _expect(m: Machine, accepted: bool, inp: Input) -> None:
+    if not accepted:
+        raise Unexpected(f"the run in stage {m.stage!r} was given {type(inp).__name__}")
+
+
+#: The stages in which calls run (and attempts start and fail).
+_DISPATCHING = ("dispatch", "settle_dispatch", "approved_dispatch")
 _FINISHING = ("finish", "finish_tree", "finish_event", "finish_commit", "facts_commit", "done")
 
 
@@ -409,6 +425,13 @@ def _dispatch(m: Machine, _: Tick, now: Instant) -> Step:
 
 def _dispatched(m: Machine, inp: AttemptsEnded, now: Instant) -> Step:
     events: list[ev.Event] = []
+    if journal_lost(inp):
+        # What the calls did is noted for the report (never written: the journal failed);
+        # a call whose retry's dispatch was lost keeps the outcomes of its attempts.
+        for outcome in inp.outcomes:
+            events += attempts(m, outcome.execution_id, outcome.attempts, True, now) \
+                if outcome.attempts else record(m, outcome, now)
+        return then(m, "journal_lost", events)
     for outcome in inp.outcomes:
         events += record(m, outcome, now)
         if outcome.skipped:
@@ -470,14 +493,13 @@ def _handlers() -> dict[tuple[str, type], Callable[[Machine, Any, Instant], Step
         ("finish_tree", TreeReplied): finish_tree,
         ("finish_event", Tick): finish_event,
         ("finish_commit", Committed): finish_committed,
+        ("journal_lost", Tick): lambda m, _, now: _done(
+            m, unavailable(m, JOURNAL_LOST, False, now)),
         ("facts_commit", Committed): lambda m, _, now: _done(m, unavailable(
             m, m.stop.detail if m.stop else "", bool(m.stop and m.stop.plain), now)),
     }
     table.update(SETTLE)
     return table
-
-
-
 
 
 _HANDLERS = _handlers()

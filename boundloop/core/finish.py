@@ -19,7 +19,9 @@ from boundloop.results import RunResult, UnresolvedAction
 #: What an attempt that ran leaves: recorded even when the run stops on a fenced runner.
 ATTEMPT_FACTS = (ev.CallSucceeded, ev.CallFailed, ev.CallTimedOut, ev.CallOutcomeUnknown,
                  ev.CallReconciled)
-
+#: Why a run ends when an attempt's dispatch could not be recorded (SPEC 6).
+JOURNAL_LOST = ("The journal could not record a call's dispatch; nothing more was started "
+                "or written.")
 
 
 def stamp(m: Machine, now: Instant) -> dict[str, Any]:
@@ -48,6 +50,8 @@ def lose(m: Machine, batch: list[ev.Event]) -> None:
         e.execution_id for e in batch
         if isinstance(e, ev.CallSucceeded | ev.CallFailed | ev.CallOutcomeUnknown
                       | ev.CallReconciled | ev.CallTimedOut))
+    # A dispatch never recorded is no tool call of the run's (the journal says so).
+    m.undispatched += sum(isinstance(e, ev.CallDispatched) for e in batch)
     # Calls decided in a lost commit were never dispatched: nothing is unknown.
     m.never_dispatched.update(e.execution_id for e in batch if isinstance(e, ev.CallDecided))
 
@@ -62,10 +66,12 @@ def result(m: Machine, now: Instant) -> RunResult:
             res,
             completed=[c for c in res.completed if c.execution_id not in m.unrecorded],
             unresolved=[u for u in res.unresolved
-                        if u.execution_id not in m.never_dispatched] + [
+                        if u.execution_id not in m.never_dispatched | m.unrecorded] + [
                 UnresolvedAction(m.config.run_id, r.call_id, r.tool, r.execution_id,
                                  r.idempotency_key, max(r.attempt, 1), "dispatched")
                 for r in lost])
+    if m.undispatched:
+        res = msgspec.structs.replace(res, tool_calls=max(res.tool_calls - m.undispatched, 0))
     if m.uninvoked:
         res = msgspec.structs.replace(res, model_steps=max(res.model_steps - m.uninvoked, 0))
     if res.status == "journal_unavailable" and res.unresolved:

@@ -13,6 +13,7 @@ import msgspec
 
 from boundloop.core.budget import LedgerReply, Quote, Usage
 from boundloop.core.rules import Attempt, SkipReason
+from boundloop.core.rules import PermitRaised as PermitRaised
 
 
 class Tick(msgspec.Struct, frozen=True):
@@ -61,12 +62,6 @@ class ModelReplied(msgspec.Struct, frozen=True):
     latency_s: float = 0.0
     abandoned: SkipReason | None = None
     quote: Quote | None = None
-
-
-class PermitRaised(msgspec.Struct, frozen=True):
-    """The permission check raised (``text`` describes it): the call is denied."""
-
-    text: str
 
 
 #: ``permit``'s answer as a fact: True allows, a string is the reason to deny, False denies
