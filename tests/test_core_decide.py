@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from boundloop import events as ev
 from boundloop.core import effects as fx
 from boundloop.core import inputs as fact
-from boundloop.core.budget import Budget, Usage
+from boundloop.core.budget import Budget, ChildSpend, LedgerReply, TreeLeft, Usage
 from boundloop.core.decide import Unexpected, decide
 from boundloop.core.finish import lose, outbox
 from boundloop.core.kinds import RUN_STATUSES
@@ -463,3 +463,25 @@ def test_a_failure_of_boundloop_records_what_attempts_did_with_the_run_finished(
     journal = replay(script.appended)
     assert journal.status == "needs_review" and journal.tool_calls == result.tool_calls == 1
     assert any(isinstance(e, ev.CallSucceeded) for e in script.appended)
+
+
+def test_a_retry_is_reserved_with_the_run_tree_and_counts_what_children_spent() -> None:
+    """SPEC 8: with the run tree's ledger open, a retry is one more call of the tree: it is
+    reserved with the authority first, and refused when the children's calls (folded from
+    the reply) leave none; then the first attempt's outcome stands."""
+    for children, granted, retried in ((1, True, True), (2, True, False),
+                                       (0, False, False)):
+        m = machine(Budget(max_model_steps=4, max_tool_calls=3))
+        script = Script([CallTools(calls=[ToolCall(id="c1", name="add", arguments={"x": 1})])],
+                        [], [], 1)
+        eid = until(m, script, fact.Tick(), fx.StartCalls).calls[0].execution_id
+        # A handler of this batch started a child run (the world's flag).
+        step = decide(m, fact.AttemptFailed(eid, True, 3, 1, 0.0, None),
+                      Instant(1_700_000_200.0, 200.0, children=True))
+        assert step.effects == [fx.ChargeTree(reserve=1, reserve_tools={"add": 1})]
+        spent = [ChildSpend("kid", children, Usage(), {"add": children})] if children else []
+        reply = fact.RetryReserved(eid, LedgerReply(granted, spent, TreeLeft()))
+        step = script.feed(m, reply)
+        assert step.effects == ([fx.Retry(eid, 0.0)] if retried else [])
+        assert m.state.tool_calls == 1 + children <= 3
+        assert [e.tool_calls for e in step.events] == ([children] if children else [])

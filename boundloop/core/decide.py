@@ -16,7 +16,7 @@ from typing import Any
 
 from boundloop import events as ev
 from boundloop.core import rules
-from boundloop.core.budget import remaining, within_tree
+from boundloop.core.budget import add_counts, remaining, within_tree
 from boundloop.core.effects import (
     AskApproval,
     CallStart,
@@ -32,11 +32,13 @@ from boundloop.core.effects import (
 from boundloop.core.finish import (
     ATTEMPT_FACTS,
     JOURNAL_LOST,
+    children_charged,
     finish,
     finish_committed,
     finish_event,
     finish_tree,
     lose,
+    open_ledger,
     result,
     stamp,
     tree,
@@ -58,6 +60,7 @@ from boundloop.core.inputs import (
     Failed,
     Input,
     ModelReplied,
+    RetryReserved,
     Tick,
     TreeReplied,
 )
@@ -116,6 +119,8 @@ def decide(m: Machine, inp: Input, now: Instant) -> Step:
         if isinstance(inp, AttemptStarting):
             return _attempt_starting(m, inp, now)
         return _may_retry(m, inp, now)
+    if isinstance(inp, RetryReserved):
+        return _retry_reserved(m, inp, now)
     if isinstance(inp, Failed):
         _expect(m, m.stage != "done", inp)
         # Boundloop itself failed: what the run's attempts did is recorded with the
@@ -465,8 +470,35 @@ def _may_retry(m: Machine, inp: AttemptFailed, now: Instant) -> Step:
                            delay_s=inp.delay_s, now=now.mono, deadline=m.deadline,
                            gate=inp.gate):
         return Step()
+    if open_ledger(m, now):
+        # The run tree's ledger is open: the retry is one more call of the tree, reserved
+        # with its authority first (a child's calls may have used what is left, SPEC 8).
+        m.retry_delays[inp.execution_id] = inp.delay_s
+        tool = m.state.calls[inp.execution_id].tool
+        return Step([], [ChargeTree(reserve=1, reserve_tools={tool: 1})])
     m.allowance -= 1
     return Step([], [Retry(inp.execution_id, inp.delay_s)])
+
+
+def _retry_reserved(m: Machine, inp: RetryReserved, now: Instant) -> Step:
+    """The authority's answer to a retry's reservation: the retry runs when it was
+    granted (every ancestor, and the tool's caps, have room) and the run has a call left
+    counting what its descendants spent; else the last attempt's outcome stands."""
+    eid, reply, st = inp.execution_id, inp.reply, m.state
+    delay = m.retry_delays.pop(eid, None)
+    if m.stage in _FINISHING or delay is None:
+        return Step()  # nothing can be recorded or started any more
+    tool = st.calls[eid].tool
+    if reply.granted:  # the reservation is charged: the retry's dispatch is not again
+        m.charged = (m.charged[0] + 1, m.charged[1])
+        m.charged_tools = add_counts(m.charged_tools, {tool: 1})
+    events = children_charged(m, reply, now)
+    spent = st.tool_calls + sum(child.tool_calls for child in reply.children)
+    if not reply.granted or reply.tools_granted.get(tool, 1) < 1 or m.allowance <= 0 \
+            or spent >= m.config.budget.max_tool_calls or m.stage not in _DISPATCHING:
+        return Step(events)
+    m.allowance -= 1
+    return Step(events, [Retry(eid, delay)])
 
 
 def _handlers() -> dict[tuple[str, type], Callable[[Machine, Any, Instant], Step]]:

@@ -98,12 +98,8 @@ def tree(m: Machine, now: Instant, reserve: int = 0, close: bool = False,
     reserve ``reserve`` tool calls (``reserve_tools`` of them by tool) against every
     ancestor at once; None while no ledger is open (no child started yet)."""
     st = m.state
-    if not m.ledger_open:
-        if not now.children:
-            return None
-        m.ledger_open = True
-        m.charged = m.snapshot
-        m.charged_tools = m.snapshot_tools
+    if not open_ledger(m, now):
+        return None
     own_calls = st.tool_calls - st.child_tool_calls
     own_usage = st.usage - st.child_usage
     own_tools = sub_counts(st.tool_counts, st.child_tool_counts)
@@ -113,15 +109,30 @@ def tree(m: Machine, now: Instant, reserve: int = 0, close: bool = False,
                       close, sub_counts(own_tools, m.charged_tools), reserve_tools)
 
 
+def open_ledger(m: Machine, now: Instant) -> bool:
+    """True when the run settles with the run tree's ledger: a child from its start, a
+    parent once a handler of it started a child (its own spend then is the base)."""
+    if not m.ledger_open and now.children:
+        m.ledger_open = True
+        m.charged = m.snapshot
+        m.charged_tools = m.snapshot_tools
+    return m.ledger_open
+
+
+def children_charged(m: Machine, reply: LedgerReply, now: Instant) -> list[ev.Event]:
+    """What descendants spent, as the authority's reply says, for the run to fold."""
+    base = stamp(m, now)
+    return [ev.ChildCharged(**base, child_run_id=child.child_run_id,
+                            tool_calls=child.tool_calls, usage=child.usage, tools=child.tools)
+            for child in reply.children]
+
+
 def tree_replied(m: Machine, reply: LedgerReply, now: Instant) -> list[ev.Event]:
     """What the authority's answer leaves: own spend charged, descendants' spend folded."""
     reserve, reserve_tools, own_calls, own_usage, own_tools = m.asked_tree
     m.charged = (own_calls + (reserve if reply.granted else 0), own_usage)
     m.charged_tools = add_counts(own_tools, reserve_tools) if reply.granted else own_tools
-    base = stamp(m, now)
-    return [ev.ChildCharged(**base, child_run_id=child.child_run_id,
-                            tool_calls=child.tool_calls, usage=child.usage, tools=child.tools)
-            for child in reply.children]
+    return children_charged(m, reply, now)
 
 
 # -- the end ---------------------------------------------------------------------------------

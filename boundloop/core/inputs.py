@@ -137,6 +137,14 @@ class AttemptFailed(msgspec.Struct, frozen=True):
     gate: SkipReason | None = None
 
 
+class RetryReserved(msgspec.Struct, frozen=True):
+    """The run tree's budget authority answered the ``ChargeTree`` that reserves a retry
+    of the call (SPEC 8): the retry runs only when granted and the run has a call left."""
+
+    execution_id: str
+    reply: LedgerReply
+
+
 class Failed(msgspec.Struct, frozen=True):
     """Driving the run failed inside boundloop (a bug): end it in order."""
 
@@ -145,4 +153,4 @@ class Failed(msgspec.Struct, frozen=True):
 
 Input = (Tick | Committed | EffectFailed | TreeReplied | Estimated | ModelReplied
          | CallsChecked | ApprovalsRuled | Validated | Reconciled | AttemptsEnded
-         | AttemptStarting | AttemptFailed | Failed)
+         | AttemptStarting | AttemptFailed | RetryReserved | Failed)

@@ -151,6 +151,8 @@ class Machine(msgspec.Struct, kw_only=True):
     #: Retries the calls being run may still make (the call budget left when they
     #: started); decided here as each attempt fails (``AttemptFailed``).
     allowance: int = 0
+    #: Retries asked of the run tree's authority (execution id -> their delay).
+    retry_delays: dict[str, float] = msgspec.field(default_factory=dict)
     result: RunResult | None = None
 
     def elapsed(self, mono: float) -> float:
