@@ -6,6 +6,7 @@ and hypothesis draws the scripts and budgets. The properties are SPEC 5's and 6'
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import msgspec
@@ -485,3 +486,237 @@ def test_a_retry_is_reserved_with_the_run_tree_and_counts_what_children_spent() 
         assert step.effects == ([fx.Retry(eid, 0.0)] if retried else [])
         assert m.state.tool_calls == 1 + children <= 3
         assert [e.tool_calls for e in step.events] == ([children] if children else [])
+
+
+# -- a hostile interpreter (the review's fuzzer, as a property) ------------------------------
+HOSTILE_TOOLS = {"add": ToolFacts(read_only=True, idempotent=True, reconcile=True),
+                 "send": ToolFacts(irreversible=True), "idem": ToolFacts(idempotent=True),
+                 "ask": ToolFacts(approval="rule"), "always": ToolFacts(approval="always")}
+FIELDS = {"content": "r", "size": 1, "digest": "d"}
+
+
+class World:
+    """Answers every effect at random: the world's flags turn (cancel, lease, a closed
+    journal), commits fail at any stage, the run tree's authority answers anything, calls
+    ok, fail, time out and are retried. It keeps what was durably appended."""
+
+    def __init__(self, r: Any, odds: dict[str, float], mono: float = 100.0) -> None:
+        self.r, self.odds, self.mono = r, odds, mono
+        self.cancelled = self.unleased = self.closed = False
+        self.appended: list[ev.Event] = []
+        self.failed = False
+
+    def now(self) -> Instant:
+        r, odds = self.r, self.odds
+        self.mono += r.choice([0.0, 0.1, 1.0, 5.0])
+        self.cancelled |= r.random() < odds["cancel"]
+        self.unleased |= r.random() < odds["lease"]
+        self.closed |= r.random() < odds["close"]
+        return Instant(1e9 + self.mono, self.mono, self.cancelled,
+                       "why" if self.cancelled else "", r.random() < odds["children"],
+                       not self.unleased, not self.closed)
+
+    def feed(self, m: Machine, inp: fact.Input) -> fx.Step:
+        step = decide(m, inp, self.now())
+        for event in step.events:
+            apply(m.state, event)
+            m.pending.append(event)
+        budget = m.config.budget
+        assert m.state.model_steps <= budget.max_model_steps
+        assert m.state.tool_calls <= budget.max_tool_calls
+        return step
+
+    def commit(self, m: Machine) -> fact.Committed:
+        batch = outbox(m)
+        if self.closed or self.r.random() < self.odds["commit"] \
+                or self.unleased and self.r.random() < 0.5:
+            self.failed = True
+            kind = self.r.choice(["error", "conflict", "lease"])
+            return fact.Committed("boom", conflict=kind == "conflict", lease=kind == "lease")
+        self.appended += batch
+        return fact.Committed()
+
+    def calls(self, m: Machine, effect: fx.StartCalls) -> fact.AttemptsEnded:
+        r, out = self.r, []
+        for c in effect.calls:
+            attempts: list[Attempt] = []
+            n, recorded, skipped = c.first_attempt, c.recorded, None
+            while True:
+                now = self.now()
+                gate = "journal" if not now.recordable else "lease" if not now.leased else \
+                    "cancelled" if now.cancelled else \
+                    "deadline" if m.deadline_passed(now.mono) else None
+                if gate is not None:
+                    if not attempts:
+                        skipped = gate
+                    elif recorded:
+                        attempts.append(Attempt(n, "error", category="NotStarted", error="-"))
+                    break
+                if not recorded:
+                    self.feed(m, fact.AttemptStarting(c.execution_id, n, list(attempts)))
+                    batch = list(m.pending)
+                    if self.commit(m).error is not None:
+                        lose(m, batch)  # as the supervisor does; the executor says so
+                        skipped = "journal"
+                        break
+                m.committing = []
+                kind = r.choice(["ok", "error", "timeout"])
+                if kind == "ok":
+                    attempts.append(Attempt(n, "ok", FIELDS))
+                    break
+                took = r.choice([None, False, True]) \
+                    if kind == "timeout" and m.config.tools[c.tool].reconcile else None
+                attempts.append(Attempt(n, "error", error="x", category="ValueError")
+                                if kind == "error" else
+                                Attempt(n, "timeout", timeout_s=1.0, error="t", reconciled=took,
+                                        reconciled_value=FIELDS if took else None))
+                if took is True:
+                    break
+                step = self.feed(m, fact.AttemptFailed(
+                    c.execution_id, r.random() < 0.7, r.choice([1, 2, 3]),
+                    n - c.first_attempt + 1, r.choice([0.0, 0.5]), None))
+                if step.effects and isinstance(step.effects[0], fx.ChargeTree):
+                    step = self.feed(m, fact.RetryReserved(c.execution_id, self.ledger()))
+                if not step.effects:
+                    break
+                n, recorded = n + 1, False
+            out.append(fact.Ended(c.execution_id, attempts, skipped))
+        return fact.AttemptsEnded(out)
+
+    def ledger(self) -> LedgerReply:
+        r = self.r
+        kids = [ChildSpend("kid", 0, Usage(input_tokens=r.randint(0, 5)))] \
+            if r.random() < 0.3 else []
+        return LedgerReply(r.random() < 0.8, kids, TreeLeft(tool_calls=r.randint(0, 6)))
+
+    def answer(self, m: Machine, effect: fx.Effect) -> fact.Input:
+        r = self.r
+        match effect:
+            case fx.Commit():
+                return self.commit(m)
+            case fx.ChargeTree():
+                return fact.TreeReplied(self.ledger())
+            case fx.Estimate():
+                return fact.Estimated(Usage(input_tokens=r.randint(0, 40))) \
+                    if r.random() < 0.9 else fact.Estimated(failed="it raised")
+            case fx.InvokeModel():
+                x = r.random()
+                if x < 0.05:
+                    return fact.ModelReplied(abandoned=r.choice(["deadline", "cancelled"]))
+                if x < 0.1:
+                    return fact.ModelReplied(error="boom")
+                if x < 0.3:
+                    return fact.ModelReplied(response=Final(text="done"))
+                calls = [ToolCall(id=f"c{r.randint(0, 30)}",
+                                  name=r.choice([*HOSTILE_TOOLS, "nope"]), arguments={"x": 1})
+                         for _ in range(r.randint(1, 3))]
+                return fact.ModelReplied(response=CallTools(
+                    calls=calls, usage=Usage(input_tokens=r.randint(0, 20))))
+            case fx.CheckCalls():
+                n = len(effect.execution_ids)
+                verdicts: list[fact.Verdict] = [None] * n
+                for i in effect.permit or []:
+                    verdicts[i] = r.choice([True, False, "no", fact.PermitRaised("E: x")])
+                return fact.CallsChecked(verdicts, [{"x": 1}] * n,
+                                         [None if r.random() < 0.9 else "bad"
+                                          for _ in range(n)])
+            case fx.AskApproval():
+                return fact.ApprovalsRuled([r.random() < 0.5 for _ in effect.indexes])
+            case fx.Validate():
+                return fact.Validated([None if r.random() < 0.9 else "bad"
+                                       for _ in effect.execution_ids])
+            case fx.Reconcile():
+                return fact.Reconciled(r.choice([None, False, True]), FIELDS)
+            case fx.StartCalls():
+                return self.calls(m, effect)
+        raise AssertionError(f"unexpected effect {effect!r}")
+
+    def drive(self, m: Machine) -> Any:
+        inp: fact.Input = fact.Tick()
+        for _ in range(600):
+            step = self.feed(m, inp)
+            if not step.effects:
+                inp = fact.Tick()
+                continue
+            effect = step.effects[0]
+            if isinstance(effect, fx.Finish):
+                return effect.result
+            if self.failed and not self.unleased:
+                # A failure to record ends the run before anything else is dispatched.
+                assert not isinstance(effect, fx.InvokeModel | fx.StartCalls), m.stage
+            inp = self.answer(m, effect)
+        raise AssertionError("the run did not end")
+
+
+def hostile(r: Any, state: RunState | None = None, child: bool = False,
+            mono: float = 100.0) -> Machine:
+    b = state.budget if state is not None else Budget(
+        max_model_steps=r.randint(1, 6), max_tool_calls=r.randint(0, 6),
+        max_input_tokens=r.choice([None, 60, 200]), max_parallel=r.choice([None, 1, 2]),
+        malformed_retries=r.choice([None, 0, 1]), reserve_final_step=r.random() < 0.5,
+        deadline_s=r.choice([None, 3.0, 30.0]))
+    config = Config(run_id=RID, budget=b, tools=HOSTILE_TOOLS, history=[],
+                    permit=r.random() < 0.5, parent_run_id="p" if child else None,
+                    parent_step=1 if child else None)
+    left = None if b.deadline_s is None else \
+        max(b.deadline_s - (state.elapsed_s if state is not None else 0.0), 0.0)
+    return Machine(config=config, state=state or RunState(), resumed=state is not None,
+                   current=b, started=mono, ledger_open=child and state is None,
+                   deadline=None if left is None else mono + left)
+
+
+ODDS = st.fixed_dictionaries({
+    "cancel": st.sampled_from([0.0, 0.02]), "lease": st.sampled_from([0.0, 0.02]),
+    "close": st.sampled_from([0.0, 0.01]), "children": st.sampled_from([0.0, 0.1]),
+    "commit": st.sampled_from([0.0, 0.03, 0.1])})
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), ODDS, st.booleans(), st.floats(0.0, 1.0))
+def test_a_hostile_interpreter_never_breaks_the_run(seed: int, odds: dict[str, float],
+                                                    child: bool, cut: float) -> None:
+    """Whatever the world does (flags, failed commits at any stage, tree replies, retries),
+    the run takes every input its stage waits for, no counter goes over its budget, and
+    the live state is the replay of what the Steps committed; a resume from any durable
+    prefix settles it into a journal that replays. (A seeded Random, not hypothesis's own:
+    its draws favour simple values and would rarely fail a commit.)"""
+    r = random.Random(seed)
+    m, world = hostile(r, child=child), World(r, odds)
+    result = world.drive(m)
+    if not world.appended:
+        return
+    journal = replay(world.appended)
+    if not world.failed and result.status != "journal_unavailable":
+        assert (journal.status, journal.model_steps, journal.tool_calls, journal.usage) == \
+            (m.state.status, m.state.model_steps, m.state.tool_calls, m.state.usage)
+    # The calls the run reports are those its journal holds (a call starts only once its
+    # dispatch is durable); a model step it could not record did run, and counts.
+    assert result.tool_calls == journal.tool_calls
+    assert result.model_steps >= journal.model_steps
+    if isinstance(world.appended[-1], ev.RunFinished | ev.OwnerClaimed):
+        assert result.model_steps == journal.model_steps
+    if child:
+        return
+    prefix = world.appended[:max(1, int(cut * len(world.appended)))]
+    state = replay(prefix)
+    if state.status == "queued":
+        return
+    again, later = hostile(r, state=state, mono=200.0), World(r, odds, mono=200.0)
+    later.appended = list(prefix)
+    later.drive(again)
+    replay(later.appended)
+
+
+def test_a_resumed_retry_that_never_starts_leaves_a_not_taken_call_closed() -> None:
+    """Reconcile said the call did not take effect; its retry is skipped (cancelled) before
+    any dispatch: the call stays closed as not taken (no outcome_unknown the fold refuses)."""
+    tools = {**TOOLS, "put": ToolFacts(idempotent=True, reconcile=True)}
+    m = machine(Budget(max_model_steps=3, max_tool_calls=3), tools=tools)
+    script = Script([CallTools(calls=[ToolCall(id="c1", name="put", arguments={"x": 1})]),
+                     Final(text="done")], [], [], 1)
+    eid = until(m, script, fact.Tick(), fx.StartCalls).calls[0].execution_id
+    again = machine(m.config.budget, state=replay(script.appended), tools=tools)
+    until(again, script, fact.Tick(), fx.StartCalls)
+    result = finish(again, script, fact.AttemptsEnded([fact.Ended(eid, [], "cancelled")]))
+    assert result.status == "final"
+    assert replay(script.appended).calls[eid].status == again.state.calls[eid].status

@@ -50,8 +50,10 @@ def lose(m: Machine, batch: list[ev.Event]) -> None:
         e.execution_id for e in batch
         if isinstance(e, ev.CallSucceeded | ev.CallFailed | ev.CallOutcomeUnknown
                       | ev.CallReconciled | ev.CallTimedOut))
-    # A dispatch never recorded is no tool call of the run's (the journal says so).
-    m.undispatched += sum(isinstance(e, ev.CallDispatched) for e in batch)
+    # A call decided, or retried, in a lost commit never ran: the journal does not count
+    # it, and neither does the report (as the fold counts tool calls).
+    m.uncounted += sum(isinstance(e, ev.CallDecided)
+                       or isinstance(e, ev.CallDispatched) and e.attempt > 1 for e in batch)
     # Calls decided in a lost commit were never dispatched: nothing is unknown.
     m.never_dispatched.update(e.execution_id for e in batch if isinstance(e, ev.CallDecided))
 
@@ -70,8 +72,8 @@ def result(m: Machine, now: Instant) -> RunResult:
                 UnresolvedAction(m.config.run_id, r.call_id, r.tool, r.execution_id,
                                  r.idempotency_key, max(r.attempt, 1), "dispatched")
                 for r in lost])
-    if m.undispatched:
-        res = msgspec.structs.replace(res, tool_calls=max(res.tool_calls - m.undispatched, 0))
+    if m.uncounted:
+        res = msgspec.structs.replace(res, tool_calls=max(res.tool_calls - m.uncounted, 0))
     if m.uninvoked:
         res = msgspec.structs.replace(res, model_steps=max(res.model_steps - m.uninvoked, 0))
     if res.status == "journal_unavailable" and res.unresolved:

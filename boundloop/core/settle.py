@@ -98,6 +98,8 @@ def _settle_dispatched(m: Machine, inp: AttemptsEnded, now: Instant) -> Step:
         return done(m, unavailable(m, JOURNAL_LOST, False, now))
     events: list[ev.Event] = []
     for outcome in inp.outcomes:
+        if outcome.skipped and m.state.calls[outcome.execution_id].stage == "not_taken":
+            continue  # reconcile said it did not take effect, and no retry was dispatched
         if outcome.skipped:
             # Its retry's dispatch may be recorded already: name the last attempt.
             events.append(ev.CallOutcomeUnknown(

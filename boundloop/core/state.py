@@ -105,8 +105,8 @@ class Machine(msgspec.Struct, kw_only=True):
     unrecorded: set[str] = msgspec.field(default_factory=set)
     never_dispatched: set[str] = msgspec.field(default_factory=set)
     uninvoked: int = 0
-    #: CallDispatched events folded whose commit failed (no tool call the journal knows).
-    undispatched: int = 0
+    #: Tool calls folded whose commit failed (decided, or retried): the journal has none.
+    uncounted: int = 0
     #: The run tree's ledger (SPEC 8): own spend charged, and own spend when the last
     #: batch started (the base of the ledger should a child start), with per-tool counts.
     ledger_open: bool = False
