@@ -245,12 +245,22 @@ class Driver:
         batch, m.pending = m.pending, []
         return batch
 
-    def may_retry(self, failed: fact.AttemptFailed) -> float | None:
+    def may_retry(self, failed: fact.AttemptFailed | fact.RetryReserved,
+                  ) -> float | None | Ledger:
         """``core``'s answer to an attempt that failed: the delay before the next attempt,
-        or None when the call is over."""
+        None when the call is over, or the run tree's reservation to ask first (its answer
+        comes back as ``RetryReserved``)."""
         step = decide(self.machine, failed, self.now())
-        retry = step.effects[0] if step.effects else None
-        return retry.delay_s if isinstance(retry, fx.Retry) else None
+        self.take(step.events)
+        effect = step.effects[0] if step.effects else None
+        if isinstance(effect, fx.ChargeTree):
+            return self.ledger(effect)
+        return effect.delay_s if isinstance(effect, fx.Retry) else None
+
+    def ledger(self, effect: fx.ChargeTree) -> Ledger:
+        """The run tree's ledger effect for ``effect``."""
+        return Ledger(self.spec.run_id, effect.reserve, effect.tool_calls, effect.usage,
+                      effect.close, effect.tools, effect.reserve_tools)
 
     # -- effects ---------------------------------------------------------------------------
     def perform(self, effect: fx.Effect) -> Generator[Effect, Any, fact.Input]:
@@ -272,9 +282,7 @@ class Driver:
         spec, m = self.spec, self.machine
         match effect:
             case fx.ChargeTree():
-                reply = yield Ledger(spec.run_id, effect.reserve, effect.tool_calls,
-                                     effect.usage, effect.close, effect.tools,
-                                     effect.reserve_tools)
+                reply = yield self.ledger(effect)
                 return fact.TreeReplied(reply)
             case fx.Estimate():
                 return (yield from self.reservation())

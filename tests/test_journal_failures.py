@@ -162,3 +162,52 @@ def test_a_resumed_run_keeps_the_deadline_time_it_had_left(tmp_path: Path) -> No
     [ctx] = seen
     assert ctx.remaining.deadline_s == pytest.approx(6.0)
     assert ctx.deadline == pytest.approx(clock.monotonic() + 6.0)
+
+
+def test_a_retry_whose_dispatch_cannot_be_recorded_ends_the_run(tmp_path: Path) -> None:
+    """SPEC 6: the append that records a retry's CallDispatched (with the first attempt's
+    outcome) fails: the run ends journal_unavailable before anything else is dispatched,
+    its report counts what the journal holds, and a resume settles the call."""
+    ran: list[int] = []
+
+    @bl.tool(idempotent=True, retry=bl.RetryPolicy(max_attempts=3, backoff_s=0.0,
+                                                   retry_on=(ValueError,)))
+    def flaky(x: int) -> str:
+        ran.append(x)
+        if len(ran) == 1:
+            raise ValueError("the first attempt fails")
+        return "ok"
+
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "flaky", {"x": 1})]),
+                              bl.Final("done")])
+    # Append 1 admits the run, 2 holds step 1's decision and dispatch, 3 the retry's.
+    journal = FaultyJournal(LmdbJournal(tmp_path / "j"), fail_at=3, mode="raise")
+    with bl.Runner(journal) as runner:
+        result = runner.run(model=model, tools=[flaky], prompt="p", run_id="r")
+        recorded = bl.replay(list(runner.journal.events("r")))
+    assert result.status == "journal_unavailable"
+    assert ran == [1] and model.calls == 1  # neither the retry nor the model ran again
+    assert result.tool_calls == recorded.tool_calls == 1
+    assert [u.call_id for u in result.unresolved] == ["c1"]
+    journal.close()
+    with bl.Runner(tmp_path / "j") as runner:
+        again = runner.resume("r", model=bl.ScriptedModel([bl.Final("x")]), tools=[flaky])
+        assert again.status == "final"
+        bl.replay(list(runner.journal.events("r")))
+    assert ran == [1, 1]
+
+
+def test_a_permit_that_raises_denies_with_its_reason(runner: bl.Runner) -> None:
+    @bl.tool(read_only=True)
+    def search(q: str) -> str:
+        return "x"
+
+    def permit(call: bl.ToolCall, tool: bl.Tool, ctx: object) -> bool:
+        raise RuntimeError("policy db down")
+
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "search", {"q": "a"})]),
+                              bl.Final("ok")])
+    result = runner.run(model=model, tools=[search], prompt="p", permit=permit)
+    [denied] = [m for m in result.transcript if m.kind == "tool_result"]
+    assert denied.status == "denied"
+    assert denied.content == "the permission check raised RuntimeError: policy db down"

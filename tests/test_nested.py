@@ -169,3 +169,37 @@ def test_replay_check_covers_a_child_run(runner: bl.Runner) -> None:
     assert report.ok and report.decisions >= 3
     stricter = check(list(runner.journal.events("kid")), bl.Budget(max_tool_calls=0))
     assert not stricter.ok and stricter.divergence is not None
+
+
+def test_a_parents_retry_is_reserved_with_the_run_tree(runner: bl.Runner) -> None:
+    """SPEC 8: a parent's retry counts against the tree: after its handler's child spent
+    two of the three calls, the retry is refused and the run stays within max_tool_calls."""
+    @bl.tool(read_only=True)
+    def leaf(x: int) -> str:
+        return "leaf"
+
+    tried: list[int] = []
+
+    @bl.tool(idempotent=True, retry=bl.RetryPolicy(max_attempts=3, backoff_s=0.0,
+                                                   retry_on=(ValueError,)))
+    def boss(x: int, ctx: bl.ToolContext) -> str:
+        tried.append(x)
+        if len(tried) == 1:
+            child = bl.ScriptedModel([bl.CallTools([bl.ToolCall("k1", "leaf", {"x": 1}),
+                                                    bl.ToolCall("k2", "leaf", {"x": 2})]),
+                                      bl.Final("child done")])
+            got = ctx.run_child(model=child, tools=[leaf], prompt="sub",
+                                budget=bl.Budget(max_model_steps=3, max_tool_calls=5))
+            raise ValueError(f"child ended {got.status} with {got.tool_calls} calls")
+        return "ok"
+
+    model = bl.ScriptedModel([bl.CallTools([bl.ToolCall("c1", "boss", {"x": 1})]),
+                              bl.Final("done")])
+    result = runner.run(model=model, tools=[boss, leaf], prompt="go", run_id="p",
+                        budget=bl.Budget(max_model_steps=4, max_tool_calls=3,
+                                         reserve_final_step=False))
+    journal = bl.replay(list(runner.journal.events("p")))
+    assert tried == [1]  # the retry was refused
+    assert result.status == "final" and result.tool_calls == journal.tool_calls == 3
+    [failed] = [m for m in result.transcript if m.kind == "tool_result"]
+    assert failed.status == "error" and "child ended final with 2 calls" in failed.content

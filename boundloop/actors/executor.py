@@ -389,8 +389,8 @@ class ExecutorActor(Actor):
         """The call's current attempt never started."""
         call = batch.calls[index]
         call.generation += 1
-        if not call.outcome.attempts:
-            call.outcome.skipped = why
+        if not call.outcome.attempts or why == "journal" and call.recorded < call.attempt:
+            call.outcome.skipped = why  # "journal": the run ends, writing nothing more
         elif call.recorded >= call.attempt:
             # Its dispatch is in the journal: say that this attempt did not run.
             call.outcome.attempts.append(Attempt(

@@ -45,7 +45,7 @@ from boundloop.actors.hung_commits import (
 )
 from boundloop.actors.messages import DispatchBatch, EffectDone, StartRun
 from boundloop.actors.workers import RunLoop, Workers, outcome, tell
-from boundloop.core.inputs import AttemptFailed
+from boundloop.core.inputs import AttemptFailed, RetryReserved
 from boundloop.errors import JournalError, JournalUnavailable
 from boundloop.journal.base import Fence, Journal, Submission
 from boundloop.loop import (
@@ -125,7 +125,7 @@ class _RecordAttempt(msgspec.Struct):
 
 class _AskRetry(msgspec.Struct):
     run_id: str
-    failed: AttemptFailed
+    failed: AttemptFailed | RetryReserved
     done: Callable[[float | None], None]
 
 
@@ -276,6 +276,11 @@ class SupervisorActor(Actor):
                 except Exception:
                     answer(None)  # the call ends; the run fails by the failure rule
                     raise
+                if isinstance(delay, Ledger):  # the run tree reserves the retry first
+                    me, again = self.actor_ref, failed.execution_id
+                    self.budget.tell(Settle(delay, lambda reply: tell(me, _AskRetry(
+                        run_id, RetryReserved(again, reply), answer))))
+                    return
                 answer(delay)
             case _AttemptRecorded(run_id=run_id, events=events, error=error, done=done):
                 recording = self.runs.get(run_id)

@@ -16,7 +16,7 @@ from typing import Any
 
 from boundloop import events as ev
 from boundloop.core import rules
-from boundloop.core.budget import remaining, within_tree
+from boundloop.core.budget import add_counts, remaining, within_tree
 from boundloop.core.effects import (
     AskApproval,
     CallStart,
@@ -30,19 +30,23 @@ from boundloop.core.effects import (
     Step,
 )
 from boundloop.core.finish import (
-    done as _done,
-)
-from boundloop.core.finish import (
+    ATTEMPT_FACTS,
+    JOURNAL_LOST,
+    children_charged,
     finish,
     finish_committed,
     finish_event,
     finish_tree,
     lose,
+    open_ledger,
     result,
     stamp,
     tree,
     tree_replied,
     unavailable,
+)
+from boundloop.core.finish import (
+    done as _done,
 )
 from boundloop.core.inputs import (
     ApprovalsRuled,
@@ -56,6 +60,7 @@ from boundloop.core.inputs import (
     Failed,
     Input,
     ModelReplied,
+    RetryReserved,
     Tick,
     TreeReplied,
 )
@@ -67,6 +72,7 @@ from boundloop.core.steps import (
     attempts,
     end_round,
     halt,
+    journal_lost,
     link,
     next_round,
     now_of,
@@ -106,17 +112,21 @@ def admission(m: Machine, owner: str, queued: bool, now: Instant) -> ev.RunAdmit
 
 
 def decide(m: Machine, inp: Input, now: Instant) -> Step:
-    """The next Step of the run ``m`` (updated in place) given ``inp`` at ``now``."""
-    if isinstance(inp, Committed):
-        if inp.error is not None:
-            lose(m, m.committing)
-        m.committing = []
-    elif isinstance(inp, AttemptStarting):
-        return _attempt_starting(m, inp, now)
-    elif isinstance(inp, AttemptFailed):
+    """The next Step of the run ``m`` (updated in place) given ``inp`` at ``now``; an input
+    its stage does not wait for raises ``Unexpected`` and leaves ``m`` as it was."""
+    if isinstance(inp, AttemptStarting | AttemptFailed):
+        _expect(m, m.stage in _DISPATCHING, inp)
+        if isinstance(inp, AttemptStarting):
+            return _attempt_starting(m, inp, now)
         return _may_retry(m, inp, now)
-    elif isinstance(inp, Failed):
-        m.pending = []
+    if isinstance(inp, RetryReserved):
+        return _retry_reserved(m, inp, now)
+    if isinstance(inp, Failed):
+        _expect(m, m.stage != "done", inp)
+        # Boundloop itself failed: what the run's attempts did is recorded with the
+        # RunFinished (a resume would otherwise find those outcomes unknown); the rest
+        # of what was folded and not written is dropped, as it may be what failed.
+        m.pending = [e for e in m.pending if isinstance(e, ATTEMPT_FACTS)]
         return halt(m, Stop("needs_review", detail=inp.detail, plain=True), now)
     if isinstance(inp, EffectFailed) and m.stage not in _FINISHING:
         if m.stage == "model":
@@ -124,11 +134,22 @@ def decide(m: Machine, inp: Input, now: Instant) -> Step:
         # A lost lease is this runner's, not the journal's failing: it says so alone.
         return halt(m, Stop("journal_unavailable", detail=inp.error, plain=inp.lease), now)
     handler = _HANDLERS.get((m.stage, type(inp)))
-    if handler is None:
-        raise Unexpected(f"the run in stage {m.stage!r} was given {type(inp).__name__}")
+    _expect(m, handler is not None, inp)
+    assert handler is not None
+    if isinstance(inp, Committed):
+        if inp.error is not None:
+            lose(m, m.committing)
+        m.committing = []
     return handler(m, inp, now)
 
 
+def _expect(m: Machine, accepted: bool, inp: Input) -> None:
+    if not accepted:
+        raise Unexpected(f"the run in stage {m.stage!r} was given {type(inp).__name__}")
+
+
+#: The stages in which calls run (and attempts start and fail).
+_DISPATCHING = ("dispatch", "settle_dispatch", "approved_dispatch")
 _FINISHING = ("finish", "finish_tree", "finish_event", "finish_commit", "facts_commit", "done")
 
 
@@ -409,6 +430,13 @@ def _dispatch(m: Machine, _: Tick, now: Instant) -> Step:
 
 def _dispatched(m: Machine, inp: AttemptsEnded, now: Instant) -> Step:
     events: list[ev.Event] = []
+    if journal_lost(inp):
+        # What the calls did is noted for the report (never written: the journal failed);
+        # a call whose retry's dispatch was lost keeps the outcomes of its attempts.
+        for outcome in inp.outcomes:
+            events += attempts(m, outcome.execution_id, outcome.attempts, True, now) \
+                if outcome.attempts else record(m, outcome, now)
+        return then(m, "journal_lost", events)
     for outcome in inp.outcomes:
         events += record(m, outcome, now)
         if outcome.skipped:
@@ -442,8 +470,35 @@ def _may_retry(m: Machine, inp: AttemptFailed, now: Instant) -> Step:
                            delay_s=inp.delay_s, now=now.mono, deadline=m.deadline,
                            gate=inp.gate):
         return Step()
+    if open_ledger(m, now):
+        # The run tree's ledger is open: the retry is one more call of the tree, reserved
+        # with its authority first (a child's calls may have used what is left, SPEC 8).
+        m.retry_delays[inp.execution_id] = inp.delay_s
+        tool = m.state.calls[inp.execution_id].tool
+        return Step([], [ChargeTree(reserve=1, reserve_tools={tool: 1})])
     m.allowance -= 1
     return Step([], [Retry(inp.execution_id, inp.delay_s)])
+
+
+def _retry_reserved(m: Machine, inp: RetryReserved, now: Instant) -> Step:
+    """The authority's answer to a retry's reservation: the retry runs when it was
+    granted (every ancestor, and the tool's caps, have room) and the run has a call left
+    counting what its descendants spent; else the last attempt's outcome stands."""
+    eid, reply, st = inp.execution_id, inp.reply, m.state
+    delay = m.retry_delays.pop(eid, None)
+    if m.stage in _FINISHING or delay is None:
+        return Step()  # nothing can be recorded or started any more
+    tool = st.calls[eid].tool
+    if reply.granted:  # the reservation is charged: the retry's dispatch is not again
+        m.charged = (m.charged[0] + 1, m.charged[1])
+        m.charged_tools = add_counts(m.charged_tools, {tool: 1})
+    events = children_charged(m, reply, now)
+    spent = st.tool_calls + sum(child.tool_calls for child in reply.children)
+    if not reply.granted or reply.tools_granted.get(tool, 1) < 1 or m.allowance <= 0 \
+            or spent >= m.config.budget.max_tool_calls or m.stage not in _DISPATCHING:
+        return Step(events)
+    m.allowance -= 1
+    return Step(events, [Retry(eid, delay)])
 
 
 def _handlers() -> dict[tuple[str, type], Callable[[Machine, Any, Instant], Step]]:
@@ -470,14 +525,13 @@ def _handlers() -> dict[tuple[str, type], Callable[[Machine, Any, Instant], Step
         ("finish_tree", TreeReplied): finish_tree,
         ("finish_event", Tick): finish_event,
         ("finish_commit", Committed): finish_committed,
+        ("journal_lost", Tick): lambda m, _, now: _done(
+            m, unavailable(m, JOURNAL_LOST, False, now)),
         ("facts_commit", Committed): lambda m, _, now: _done(m, unavailable(
             m, m.stop.detail if m.stop else "", bool(m.stop and m.stop.plain), now)),
     }
     table.update(SETTLE)
     return table
-
-
-
 
 
 _HANDLERS = _handlers()

@@ -19,7 +19,9 @@ from boundloop.results import RunResult, UnresolvedAction
 #: What an attempt that ran leaves: recorded even when the run stops on a fenced runner.
 ATTEMPT_FACTS = (ev.CallSucceeded, ev.CallFailed, ev.CallTimedOut, ev.CallOutcomeUnknown,
                  ev.CallReconciled)
-
+#: Why a run ends when an attempt's dispatch could not be recorded (SPEC 6).
+JOURNAL_LOST = ("The journal could not record a call's dispatch; nothing more was started "
+                "or written.")
 
 
 def stamp(m: Machine, now: Instant) -> dict[str, Any]:
@@ -48,6 +50,10 @@ def lose(m: Machine, batch: list[ev.Event]) -> None:
         e.execution_id for e in batch
         if isinstance(e, ev.CallSucceeded | ev.CallFailed | ev.CallOutcomeUnknown
                       | ev.CallReconciled | ev.CallTimedOut))
+    # A call decided, or retried, in a lost commit never ran: the journal does not count
+    # it, and neither does the report (as the fold counts tool calls).
+    m.uncounted += sum(isinstance(e, ev.CallDecided)
+                       or isinstance(e, ev.CallDispatched) and e.attempt > 1 for e in batch)
     # Calls decided in a lost commit were never dispatched: nothing is unknown.
     m.never_dispatched.update(e.execution_id for e in batch if isinstance(e, ev.CallDecided))
 
@@ -62,10 +68,12 @@ def result(m: Machine, now: Instant) -> RunResult:
             res,
             completed=[c for c in res.completed if c.execution_id not in m.unrecorded],
             unresolved=[u for u in res.unresolved
-                        if u.execution_id not in m.never_dispatched] + [
+                        if u.execution_id not in m.never_dispatched | m.unrecorded] + [
                 UnresolvedAction(m.config.run_id, r.call_id, r.tool, r.execution_id,
                                  r.idempotency_key, max(r.attempt, 1), "dispatched")
                 for r in lost])
+    if m.uncounted:
+        res = msgspec.structs.replace(res, tool_calls=max(res.tool_calls - m.uncounted, 0))
     if m.uninvoked:
         res = msgspec.structs.replace(res, model_steps=max(res.model_steps - m.uninvoked, 0))
     if res.status == "journal_unavailable" and res.unresolved:
@@ -92,12 +100,8 @@ def tree(m: Machine, now: Instant, reserve: int = 0, close: bool = False,
     reserve ``reserve`` tool calls (``reserve_tools`` of them by tool) against every
     ancestor at once; None while no ledger is open (no child started yet)."""
     st = m.state
-    if not m.ledger_open:
-        if not now.children:
-            return None
-        m.ledger_open = True
-        m.charged = m.snapshot
-        m.charged_tools = m.snapshot_tools
+    if not open_ledger(m, now):
+        return None
     own_calls = st.tool_calls - st.child_tool_calls
     own_usage = st.usage - st.child_usage
     own_tools = sub_counts(st.tool_counts, st.child_tool_counts)
@@ -107,15 +111,30 @@ def tree(m: Machine, now: Instant, reserve: int = 0, close: bool = False,
                       close, sub_counts(own_tools, m.charged_tools), reserve_tools)
 
 
+def open_ledger(m: Machine, now: Instant) -> bool:
+    """True when the run settles with the run tree's ledger: a child from its start, a
+    parent once a handler of it started a child (its own spend then is the base)."""
+    if not m.ledger_open and now.children:
+        m.ledger_open = True
+        m.charged = m.snapshot
+        m.charged_tools = m.snapshot_tools
+    return m.ledger_open
+
+
+def children_charged(m: Machine, reply: LedgerReply, now: Instant) -> list[ev.Event]:
+    """What descendants spent, as the authority's reply says, for the run to fold."""
+    base = stamp(m, now)
+    return [ev.ChildCharged(**base, child_run_id=child.child_run_id,
+                            tool_calls=child.tool_calls, usage=child.usage, tools=child.tools)
+            for child in reply.children]
+
+
 def tree_replied(m: Machine, reply: LedgerReply, now: Instant) -> list[ev.Event]:
     """What the authority's answer leaves: own spend charged, descendants' spend folded."""
     reserve, reserve_tools, own_calls, own_usage, own_tools = m.asked_tree
     m.charged = (own_calls + (reserve if reply.granted else 0), own_usage)
     m.charged_tools = add_counts(own_tools, reserve_tools) if reply.granted else own_tools
-    base = stamp(m, now)
-    return [ev.ChildCharged(**base, child_run_id=child.child_run_id,
-                            tool_calls=child.tool_calls, usage=child.usage, tools=child.tools)
-            for child in reply.children]
+    return children_charged(m, reply, now)
 
 
 # -- the end ---------------------------------------------------------------------------------

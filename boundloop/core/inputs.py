@@ -13,6 +13,7 @@ import msgspec
 
 from boundloop.core.budget import LedgerReply, Quote, Usage
 from boundloop.core.rules import Attempt, SkipReason
+from boundloop.core.rules import PermitRaised as PermitRaised
 
 
 class Tick(msgspec.Struct, frozen=True):
@@ -61,12 +62,6 @@ class ModelReplied(msgspec.Struct, frozen=True):
     latency_s: float = 0.0
     abandoned: SkipReason | None = None
     quote: Quote | None = None
-
-
-class PermitRaised(msgspec.Struct, frozen=True):
-    """The permission check raised (``text`` describes it): the call is denied."""
-
-    text: str
 
 
 #: ``permit``'s answer as a fact: True allows, a string is the reason to deny, False denies
@@ -142,6 +137,14 @@ class AttemptFailed(msgspec.Struct, frozen=True):
     gate: SkipReason | None = None
 
 
+class RetryReserved(msgspec.Struct, frozen=True):
+    """The run tree's budget authority answered the ``ChargeTree`` that reserves a retry
+    of the call (SPEC 8): the retry runs only when granted and the run has a call left."""
+
+    execution_id: str
+    reply: LedgerReply
+
+
 class Failed(msgspec.Struct, frozen=True):
     """Driving the run failed inside boundloop (a bug): end it in order."""
 
@@ -150,4 +153,4 @@ class Failed(msgspec.Struct, frozen=True):
 
 Input = (Tick | Committed | EffectFailed | TreeReplied | Estimated | ModelReplied
          | CallsChecked | ApprovalsRuled | Validated | Reconciled | AttemptsEnded
-         | AttemptStarting | AttemptFailed | Failed)
+         | AttemptStarting | AttemptFailed | RetryReserved | Failed)

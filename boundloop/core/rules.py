@@ -95,6 +95,13 @@ def cap_denials(names: list[str], caps: Mapping[str, int], counts: Mapping[str, 
     return out
 
 
+class PermitRaised(msgspec.Struct, frozen=True):
+    """The permission check raised, or never answered (``text`` describes it): the call is
+    denied with that reason (a fact: the interpreter describes the exception)."""
+
+    text: str
+
+
 def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
                   read_only_runner: bool, verdict: Any, invalid: str | None,
                   deadline_passed: bool, cancelled: bool,
@@ -115,6 +122,8 @@ def call_decision(name: str, known: Collection[str], *, tool_read_only: bool,
         return "denied", f"this runner is read-only and tool {name!r} is not marked read_only"
     if capped:
         return "denied", capped
+    if isinstance(verdict, PermitRaised):
+        return "denied", journal_safe(f"the permission check raised {verdict.text}")
     if isinstance(verdict, BaseException):
         return "denied", f"the permission check raised {describe_exception(verdict)}"
     if verdict is not None and verdict is not True:

@@ -8,10 +8,20 @@ from typing import Any
 from boundloop import events as ev
 from boundloop.core import rules
 from boundloop.core.effects import CallStart, Reconcile, StartCalls, Step, Validate
-from boundloop.core.finish import stamp
+from boundloop.core.finish import JOURNAL_LOST, done, stamp, unavailable
 from boundloop.core.inputs import AttemptsEnded, Reconciled, Tick, Validated
 from boundloop.core.state import Instant, Machine
-from boundloop.core.steps import end_round, given, halt, link, next_round, now_of, record, then
+from boundloop.core.steps import (
+    end_round,
+    given,
+    halt,
+    journal_lost,
+    link,
+    next_round,
+    now_of,
+    record,
+    then,
+)
 
 #: Who closes an approved call that cannot be sent (``CallResolved.by``).
 RUNNER = "boundloop"
@@ -28,7 +38,7 @@ def settle(m: Machine, _: Tick, now: Instant) -> Step:
         if tool is None:
             m.review.append(f"{rec.tool} {eid} (tool not given to resume)")
             continue
-        m.settling, m.settle_attempt = eid, max(rec.attempt, 1)
+        m.settling, m.settle_attempt, m.settle_closed = eid, max(rec.attempt, 1), False
         # Arguments redacted in the journal cannot be sent again (SPEC 6).
         m.settle_retryable = tool.idempotent and not rec.redacted
         if tool.reconcile:
@@ -43,6 +53,8 @@ def _settle_reconciled(m: Machine, inp: Reconciled, now: Instant) -> Step:
                               fields_of=given, now=now_of(m, now))
     if inp.took is True or (inp.took is False and not m.settle_retryable):
         return then(m, "settle", events)
+    # Not taken: the call is closed as such unless a retry runs; nothing unknown is left.
+    m.settle_closed = inp.took is False
     return then(m, "settle_retry", events)
 
 
@@ -60,11 +72,16 @@ def _settle_retry(m: Machine, _: Tick, now: Instant) -> Step:
 def _settle_validated(m: Machine, inp: Validated, now: Instant) -> Step:
     st, budget, eid = m.state, m.config.budget, m.settling
     rec = st.calls[eid]
-    if inp.invalid[0] is not None:
+    if inp.invalid[0] is not None and not m.settle_closed:
         m.review.append(f"{rec.tool} {eid} (arguments no longer valid: {inp.invalid[0]})")
         m.stage = "settle"
         return settle(m, Tick(), now)
-    if st.tool_calls >= budget.max_tool_calls or m.deadline_passed(now.mono):
+    if inp.invalid[0] is not None or st.tool_calls >= budget.max_tool_calls \
+            or m.deadline_passed(now.mono):
+        if m.settle_closed:
+            # Reconcile said it did not take effect: closed as not taken, go on settling.
+            m.stage = "settle"
+            return settle(m, Tick(), now)
         return then(m, "settle", [ev.CallOutcomeUnknown(
             **stamp(m, now), execution_id=eid, attempt=m.settle_attempt,
             content="the call's outcome is unknown and no budget is left to retry it")])
@@ -77,8 +94,12 @@ def _settle_validated(m: Machine, inp: Validated, now: Instant) -> Step:
 
 
 def _settle_dispatched(m: Machine, inp: AttemptsEnded, now: Instant) -> Step:
+    if journal_lost(inp):
+        return done(m, unavailable(m, JOURNAL_LOST, False, now))
     events: list[ev.Event] = []
     for outcome in inp.outcomes:
+        if outcome.skipped and m.state.calls[outcome.execution_id].stage == "not_taken":
+            continue  # reconcile said it did not take effect, and no retry was dispatched
         if outcome.skipped:
             # Its retry's dispatch may be recorded already: name the last attempt.
             events.append(ev.CallOutcomeUnknown(
@@ -142,6 +163,8 @@ def _approved_go(m: Machine, _: Tick, now: Instant) -> Step:
 
 
 def _approved_dispatched(m: Machine, inp: AttemptsEnded, now: Instant) -> Step:
+    if journal_lost(inp):
+        return done(m, unavailable(m, JOURNAL_LOST, False, now))
     events: list[ev.Event] = []
     for outcome in inp.outcomes:
         events += record(m, outcome, now)

@@ -24,7 +24,7 @@ Stage = Literal[
     "dispatch_go", "dispatch", "round_end", "settle", "settle_reconcile", "settle_retry",
     "settle_validate", "settle_dispatch", "approved_validate", "approved_go",
     "approved_dispatch", "approved_end", "finish", "finish_tree", "finish_event",
-    "finish_commit", "facts_commit", "done"]
+    "finish_commit", "facts_commit", "journal_lost", "done"]
 
 
 class Instant(msgspec.Struct, frozen=True):
@@ -105,6 +105,8 @@ class Machine(msgspec.Struct, kw_only=True):
     unrecorded: set[str] = msgspec.field(default_factory=set)
     never_dispatched: set[str] = msgspec.field(default_factory=set)
     uninvoked: int = 0
+    #: Tool calls folded whose commit failed (decided, or retried): the journal has none.
+    uncounted: int = 0
     #: The run tree's ledger (SPEC 8): own spend charged, and own spend when the last
     #: batch started (the base of the ledger should a child start), with per-tool counts.
     ledger_open: bool = False
@@ -143,10 +145,14 @@ class Machine(msgspec.Struct, kw_only=True):
     settling: str = ""
     settle_attempt: int = 0
     settle_retryable: bool = False
+    #: Reconcile said the call being settled did not take effect (it is closed as such).
+    settle_closed: bool = False
     approved_ids: list[str] = msgspec.field(default_factory=list)
     #: Retries the calls being run may still make (the call budget left when they
     #: started); decided here as each attempt fails (``AttemptFailed``).
     allowance: int = 0
+    #: Retries asked of the run tree's authority (execution id -> their delay).
+    retry_delays: dict[str, float] = msgspec.field(default_factory=dict)
     result: RunResult | None = None
 
     def elapsed(self, mono: float) -> float:

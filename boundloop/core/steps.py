@@ -10,7 +10,7 @@ from boundloop.core import rules
 from boundloop.core.budget import sub_counts
 from boundloop.core.effects import Step
 from boundloop.core.finish import finish, stamp
-from boundloop.core.inputs import Ended
+from boundloop.core.inputs import AttemptsEnded, Ended
 from boundloop.core.rules import Stop
 from boundloop.core.state import Instant, Machine
 
@@ -82,6 +82,13 @@ def attempts(m: Machine, eid: str, attempts: list[rules.Attempt], final: bool,
     if doubt:
         m.unknown.add(eid)
     return events
+
+
+def journal_lost(inp: AttemptsEnded) -> bool:
+    """True when an attempt did not start because the journal failed to record its
+    dispatch (or could record nothing more): the run ends ``journal_unavailable`` and
+    writes nothing more (SPEC 6)."""
+    return any(o.skipped == "journal" for o in inp.outcomes)
 
 
 def link(m: Machine) -> None:
