@@ -9,8 +9,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 import boundloop as bl
+
+# The property tests draw the same examples on every run (a CI failure reproduces as it
+# is) and are not failed for being slow: CI's two cores are shared with the suite's other
+# worker and its subprocesses, and "too slow" there says nothing about the code.
+settings.register_profile("boundloop", derandomize=True, database=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("boundloop")
 
 
 def pytest_configure(config: pytest.Config) -> None:
