@@ -32,3 +32,30 @@ def test_a_w1_round_takes_no_hop_through_the_executor(tmp_path: Path) -> None:
     # Per run of 5 rounds: 6 model calls there and back (12), 5 tool attempts there and
     # back (10), the admission's ask (2), the StartRun, the release and the result (3).
     assert got["handoffs_per_round"] <= (12 + 10 + 2 + 3) / 5, got
+
+
+def test_a_finished_call_is_not_kept_alive_by_its_timers(tmp_path: Path) -> None:
+    """The fast path's timers (the attempt's timeout, the run's deadline) are never
+    cancelled: once a call is done they must not hold its batch, or a worker would keep
+    every result of the last ``timeout_s`` in memory (found by an attack: 100 MB kept)."""
+    import gc
+
+    import boundloop as bl
+    from boundloop.actors import executor
+
+    @bl.tool(timeout_s=600.0)
+    def big(n: int) -> str:
+        return "y" * 100_000
+
+    with bl.Runner(tmp_path / "j") as runner:
+        model = bl.ScriptedModel([bl.CallTools([bl.ToolCall(f"c{k}", "big", {"n": k})])
+                                  for k in range(5)] + [bl.Final("ok")])
+        result = runner.run(model=model, tools=[big], prompt="go",
+                            budget=bl.Budget(max_model_steps=7, max_tool_calls=5,
+                                             deadline_s=600.0))
+        assert (result.status, result.tool_calls) == ("final", 5)
+        assert [m.status for m in result.transcript if m.kind == "tool_result"] == ["ok"] * 5
+        del result, model
+        gc.collect()
+        kept = [o for o in gc.get_objects() if isinstance(o, executor._Batch)]
+        assert kept == [], f"{len(kept)} finished batches still alive"

@@ -560,13 +560,26 @@ def launch_alone(executor: Any, workers: Workers, telemetry: Telemetry | None, d
     batch = _Batch(d, reply, [call], deque(), running=1, adopted=False)
     bid = next(_IDS)
 
+    # The timers (the attempt's timeout, the run's deadline) outlive the call and are never
+    # cancelled: they hold the batch through this box, emptied once the batch is done, or
+    # a finished call's result would stay in memory until they fire (up to timeout_s).
+    box: list[_Batch | None] = [batch]
+
     def send(message: Any) -> None:
-        tell(executor, _Adopt(batch, bid, message))
+        held = box[0]
+        if held is not None:  # else done: whatever it says would be ignored
+            tell(executor, _Adopt(held, bid, message))
 
     _launch(workers, telemetry, bid, batch, 0, send, None)
     # Watched once launched (the executor takes nothing over before): a call waiting for
     # a free thread is skipped at once when the run is cancelled or its deadline passes.
-    batch.unwatch = d.cancel.on_cancel(lambda: send(_Halt(bid, "cancelled")))
+    unwatch_cancel = d.cancel.on_cancel(lambda: send(_Halt(bid, "cancelled")))
+
+    def unwatch() -> None:
+        box[0] = None
+        unwatch_cancel()
+
+    batch.unwatch = unwatch
     if d.deadline is not None:
         workers.timer.at(d.deadline, lambda: send(_Halt(bid, "deadline")))
     with call.gate:
