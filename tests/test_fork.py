@@ -324,11 +324,16 @@ def _drill(tmp_path: Path, runs: int) -> None:
         # ... and serves runs of its own meanwhile, so workers are forked while it commits.
         stop = threading.Event()
         mastered: list[str] = []
+        #: Why a master run did not end final (its explanation), for the failure message.
+        why: list[str] = []
 
         def master_load() -> None:
             while not stop.is_set():
-                mastered.append(master.run(_model("ok"), _tools(), "go",
-                                           run_id=f"master-{len(mastered)}").status)
+                result = master.run(_model("ok"), _tools(), "go",
+                                    run_id=f"master-{len(mastered)}")
+                mastered.append(result.status)
+                if result.status != "final":
+                    why.append(f"{result.run_id}: {result.status}: {result.explanation}")
                 time.sleep(0.005)
 
         loader = threading.Thread(target=master_load)
@@ -339,7 +344,7 @@ def _drill(tmp_path: Path, runs: int) -> None:
             stop.set()
             loader.join()
         took = time.monotonic() - started
-        assert mastered and set(mastered) == {"final"}
+        assert mastered and set(mastered) == {"final"}, why
         assert len(killed) == 2 * waves and len(set(killed)) == 2 * waves
         assert all(status == "final" for status, _ in answers.values())
         assert len(answers) == len(plan) - len(victims)
