@@ -77,6 +77,7 @@ from boundloop.core.steps import (
     next_round,
     now_of,
     record,
+    record_round,
     then,
     uncharged,
 )
@@ -429,19 +430,15 @@ def _dispatch(m: Machine, _: Tick, now: Instant) -> Step:
 
 
 def _dispatched(m: Machine, inp: AttemptsEnded, now: Instant) -> Step:
-    events: list[ev.Event] = []
     if journal_lost(inp):
+        events: list[ev.Event] = []
         # What the calls did is noted for the report (never written: the journal failed);
         # a call whose retry's dispatch was lost keeps the outcomes of its attempts.
         for outcome in inp.outcomes:
             events += attempts(m, outcome.execution_id, outcome.attempts, True, now) \
                 if outcome.attempts else record(m, outcome, now)
         return then(m, "journal_lost", events)
-    for outcome in inp.outcomes:
-        events += record(m, outcome, now)
-        if outcome.skipped:
-            m.skipped.append(outcome.skipped)
-    return then(m, "round_end", events)
+    return then(m, "round_end", record_round(m, inp.outcomes, now))
 
 
 def _round_end(m: Machine, _: Tick, now: Instant) -> Step:

@@ -20,6 +20,7 @@ from boundloop.core.steps import (
     next_round,
     now_of,
     record,
+    record_round,
     then,
 )
 
@@ -165,12 +166,7 @@ def _approved_go(m: Machine, _: Tick, now: Instant) -> Step:
 def _approved_dispatched(m: Machine, inp: AttemptsEnded, now: Instant) -> Step:
     if journal_lost(inp):
         return done(m, unavailable(m, JOURNAL_LOST, False, now))
-    events: list[ev.Event] = []
-    for outcome in inp.outcomes:
-        events += record(m, outcome, now)
-        if outcome.skipped:
-            m.skipped.append(outcome.skipped)
-    return then(m, "approved_end", events)
+    return then(m, "approved_end", record_round(m, inp.outcomes, now))
 
 
 def _approved_end(m: Machine, _: Tick, now: Instant) -> Step:

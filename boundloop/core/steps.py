@@ -71,6 +71,17 @@ def record(m: Machine, outcome: Ended, now: Instant) -> list[ev.Event]:
     return attempts(m, eid, outcome.attempts, True, now)
 
 
+def record_round(m: Machine, outcomes: list[Ended], now: Instant) -> list[ev.Event]:
+    """What became of a round's calls; why those kept from running were kept is noted for
+    the round's end."""
+    events: list[ev.Event] = []
+    for outcome in outcomes:
+        events += record(m, outcome, now)
+        if outcome.skipped:
+            m.skipped.append(outcome.skipped)
+    return events
+
+
 def attempts(m: Machine, eid: str, attempts: list[rules.Attempt], final: bool,
               now: Instant) -> list[ev.Event]:
     done = m.attempts_recorded.get(eid, 0)
