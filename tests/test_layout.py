@@ -1,6 +1,7 @@
 """The package's layout (DESIGN rule 8): no module shadows the standard library, a module
-run as a script does not die on import, and no two modules import each other (directly or
-round a longer cycle, type-only imports included)."""
+run as a script does not die on import, no two modules import each other (directly or
+round a longer cycle, type-only imports included), and no module is over 600 lines
+(issue #21), but for a short list of those still waiting to be split."""
 
 from __future__ import annotations
 
@@ -186,20 +187,28 @@ def test_recovered_run_annotations_resolve() -> None:
 
 
 # -- module size ----------------------------------------------------------------------------
-#: Packages split by job (issue #21): each module does one job and stays small.
-SPLIT_PACKAGES = ("ops", "cli", "drill", "journal/lmdb", "journal/postgres", "policy/redact",
-                  "_runner", "core")
-#: Modules split by job without becoming packages (issue #21): the same limit.
-SPLIT_MODULES = ("models/openai.py", "models/_openai_common.py", "models/_openai_chat.py",
-                 "models/_openai_responses.py", "runner.py", "journal/base.py",
-                 "journal/_core.py", "journal/memory.py")
+#: The most lines a module may have (issue #21): a module bigger than this does more than
+#: one job; split it by job into a small package or sibling private modules.
 MAX_LINES = 600
+#: The modules still over MAX_LINES, waiting to be split; no other module may be, and one
+#: that is back under the limit leaves this list.
+STILL_OVER = ("boundloop/telemetry/_telemetry.py", "boundloop/telemetry/projection.py")
 
 
-def test_the_split_packages_keep_their_modules_small() -> None:
-    split = [p for package in SPLIT_PACKAGES if (PACKAGE / package).is_dir()
-             for p in sorted((PACKAGE / package).rglob("*.py"))]
-    split += [PACKAGE / module for module in SPLIT_MODULES]
-    big = {str(p.relative_to(ROOT)): n for p in split
-           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+def _sizes() -> dict[str, int]:
+    return {str(p.relative_to(ROOT)): len(p.read_text().splitlines())
+            for p in MODULES.values()}
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    sizes = _sizes()
+    assert {"boundloop/runner.py", "boundloop/actors/workers.py"} <= set(sizes)  # sees them
+    big = {m: n for m, n in sizes.items() if n > MAX_LINES and m not in STILL_OVER}
     assert not big, f"modules over {MAX_LINES} lines: split them by job: {big}"
+
+
+def test_the_modules_still_over_the_limit_are_listed_only_while_they_are() -> None:
+    sizes = _sizes()
+    stale = [m for m in STILL_OVER if sizes.get(m, 0) <= MAX_LINES]
+    assert not stale, f"these are under {MAX_LINES} lines now (or gone): drop them from " \
+                      f"STILL_OVER: {stale}"
