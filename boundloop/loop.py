@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Generator
+from typing import Any, Protocol
 
 import msgspec
 
@@ -93,6 +93,8 @@ from boundloop.results import RunResult
 from boundloop.tools import ArgumentError, Tool
 
 _json = msgspec.json.Encoder()
+_TICK = fact.Tick()
+_replace = msgspec.structs.replace
 _schemas_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 
 
@@ -112,6 +114,11 @@ def _verdict(value: Any) -> fact.Verdict:
     if value is None or value is True or isinstance(value, str):
         return value
     return False
+
+
+class _Closes(Protocol):
+    @property
+    def closed(self) -> bool: ...
 
 
 class Driver:
@@ -157,11 +164,9 @@ class Driver:
         self.kwargs: dict[str, dict[str, Any]] = {}
         self.copies: list[ToolCall] = []
         self.ctx: ModelContext | None = None
-        #: Set by whoever performs the effects: False once the journal can record nothing.
-        self.recordable: Callable[[], bool] | None = None
-        #: Set by whoever performs the effects: False once this runner fenced itself (else
-        #: the spec's ``lease_ok`` is read).
-        self.leased: Callable[[], bool] | None = None
+        #: Set by whoever performs the effects: the journal the run records to (nothing is
+        #: recordable once it is closed).
+        self.journal: _Closes | None = None
 
     # -- what the supervisor and the runner read ------------------------------------------
     @property
@@ -176,12 +181,11 @@ class Driver:
 
     def now(self) -> Instant:
         """The clock and the world's flags, read once per decision."""
-        spec, clock = self.spec, self.clock
-        lease_ok = self.leased or spec.lease_ok
-        recordable = self.recordable
-        return Instant(clock.time(), clock.monotonic(), spec.cancel.cancelled,
-                       spec.cancel.reason, spec.children.is_set(),
-                       lease_ok is None or lease_ok(), recordable is None or recordable())
+        spec, clock, journal = self.spec, self.clock, self.journal
+        lease_ok, cancel = spec.lease_ok, spec.cancel
+        return Instant(clock.time(), clock.monotonic(), cancel.cancelled, cancel.reason,
+                       spec.children.is_set(), lease_ok is None or lease_ok(),
+                       journal is None or not journal.closed)
 
     def take(self, events: list[ev.Event]) -> None:
         """Record what ``decide`` decided: each event in its journal form is folded into the
@@ -222,17 +226,23 @@ class Driver:
     def drive(self, first: fact.Input) -> Generator[Effect, Any, RunResult]:
         """Decide, fold, perform, feed the outcome back: until ``core`` says Finish."""
         inp, m = first, self.machine
+        now = self.now()
         while True:
-            step = decide(m, inp, self.now())
+            step = decide(m, inp, now)
             if step.events:
                 self.take(step.events)
             if not step.effects:
-                inp = fact.Tick()
+                # Going on after a fold: the flags are read again once an effect was
+                # performed; the clock now (each event's time orders it, for the Replayer).
+                inp = _TICK
+                clock = self.clock
+                now = _replace(now, ts=clock.time(), mono=clock.monotonic())
                 continue
             effect = step.effects[0]
             if isinstance(effect, fx.Finish):
                 return effect.result
             inp = yield from self.perform(effect)
+            now = self.now()
 
     def attempt_events(self, execution_id: str, attempt: int,
                        before: list[Attempt]) -> list[ev.Event]:
