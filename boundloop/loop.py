@@ -83,6 +83,7 @@ from boundloop.core.budget import Price, Usage, default_reservation, priced
 from boundloop.core.decide import admission, decide
 from boundloop.core.finish import lose, outbox, unavailable
 from boundloop.core.replay import RunState, apply
+from boundloop.core.rules import UNKEEPABLE
 from boundloop.core.rules import Attempt as Attempt
 from boundloop.core.state import Config, Instant, Machine, ToolFacts
 from boundloop.errors import JournalError, LeaseLost, SequenceConflict
@@ -408,21 +409,16 @@ class Driver:
                 for att in attempts]
 
     def result_fields(self, value: Any) -> dict[str, Any]:
-        """The content, size and digest of a tool result, and its status when not ``ok``
-        (``too_large`` over ``max_result_bytes``). A result that cannot be recorded (too
-        deep, cyclic, unrepresentable) is still ``ok``, since the action did take effect,
-        with a content that says why it was not kept. The digest is keyed (HMAC-SHA256
+        """The content, size and digest of a tool result, and whether it could not be
+        recorded as it was (too deep, cyclic, unrepresentable: its content then says why).
+        Whether it is ``too_large`` is ``core``'s to say. The digest is keyed (HMAC-SHA256
         under the journal's key, SPEC 9), so it cannot confirm a guessed result."""
         content, data, problem = plain_result(value)
-        fields = {"content": content, "size": len(data),
-                  "digest": hmac.digest(self.spec.secret_key, data, hashlib.sha256).hex()}
+        fields: dict[str, Any] = {
+            "content": content, "size": len(data),
+            "digest": hmac.digest(self.spec.secret_key, data, hashlib.sha256).hex()}
         if problem is not None:
-            return fields
-        limit = self.budget.max_result_bytes
-        if limit is not None and len(data) > limit:
-            fields["content"] = (f"the result was {len(data)} bytes, over max_result_bytes="
-                                 f"{limit}; it was not kept")
-            fields["status"] = "too_large"
+            fields[UNKEEPABLE] = True
         return fields
 
     # -- the step's reservation --------------------------------------------------------
