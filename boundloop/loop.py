@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Generator
+from typing import Any, Protocol
 
 import msgspec
 
@@ -83,6 +83,7 @@ from boundloop.core.budget import Price, Usage, default_reservation, priced
 from boundloop.core.decide import admission, decide
 from boundloop.core.finish import lose, outbox, unavailable
 from boundloop.core.replay import RunState, apply
+from boundloop.core.rules import UNKEEPABLE
 from boundloop.core.rules import Attempt as Attempt
 from boundloop.core.state import Config, Instant, Machine, ToolFacts
 from boundloop.errors import JournalError, LeaseLost, SequenceConflict
@@ -93,6 +94,8 @@ from boundloop.results import RunResult
 from boundloop.tools import ArgumentError, Tool
 
 _json = msgspec.json.Encoder()
+_TICK = fact.Tick()
+_replace = msgspec.structs.replace
 _schemas_decoder = msgspec.json.Decoder(list[dict[str, Any]])
 
 
@@ -112,6 +115,11 @@ def _verdict(value: Any) -> fact.Verdict:
     if value is None or value is True or isinstance(value, str):
         return value
     return False
+
+
+class _Closes(Protocol):
+    @property
+    def closed(self) -> bool: ...
 
 
 class Driver:
@@ -157,11 +165,9 @@ class Driver:
         self.kwargs: dict[str, dict[str, Any]] = {}
         self.copies: list[ToolCall] = []
         self.ctx: ModelContext | None = None
-        #: Set by whoever performs the effects: False once the journal can record nothing.
-        self.recordable: Callable[[], bool] | None = None
-        #: Set by whoever performs the effects: False once this runner fenced itself (else
-        #: the spec's ``lease_ok`` is read).
-        self.leased: Callable[[], bool] | None = None
+        #: Set by whoever performs the effects: the journal the run records to (nothing is
+        #: recordable once it is closed).
+        self.journal: _Closes | None = None
 
     # -- what the supervisor and the runner read ------------------------------------------
     @property
@@ -176,12 +182,11 @@ class Driver:
 
     def now(self) -> Instant:
         """The clock and the world's flags, read once per decision."""
-        spec, clock = self.spec, self.clock
-        lease_ok = self.leased or spec.lease_ok
-        recordable = self.recordable
-        return Instant(clock.time(), clock.monotonic(), spec.cancel.cancelled,
-                       spec.cancel.reason, spec.children.is_set(),
-                       lease_ok is None or lease_ok(), recordable is None or recordable())
+        spec, clock, journal = self.spec, self.clock, self.journal
+        lease_ok, cancel = spec.lease_ok, spec.cancel
+        return Instant(clock.time(), clock.monotonic(), cancel.cancelled, cancel.reason,
+                       spec.children.is_set(), lease_ok is None or lease_ok(),
+                       journal is None or not journal.closed)
 
     def take(self, events: list[ev.Event]) -> None:
         """Record what ``decide`` decided: each event in its journal form is folded into the
@@ -222,17 +227,23 @@ class Driver:
     def drive(self, first: fact.Input) -> Generator[Effect, Any, RunResult]:
         """Decide, fold, perform, feed the outcome back: until ``core`` says Finish."""
         inp, m = first, self.machine
+        now = self.now()
         while True:
-            step = decide(m, inp, self.now())
+            step = decide(m, inp, now)
             if step.events:
                 self.take(step.events)
             if not step.effects:
-                inp = fact.Tick()
+                # Going on after a fold: the flags are read again once an effect was
+                # performed; the clock now (each event's time orders it, for the Replayer).
+                inp = _TICK
+                clock = self.clock
+                now = _replace(now, ts=clock.time(), mono=clock.monotonic())
                 continue
             effect = step.effects[0]
             if isinstance(effect, fx.Finish):
                 return effect.result
             inp = yield from self.perform(effect)
+            now = self.now()
 
     def attempt_events(self, execution_id: str, attempt: int,
                        before: list[Attempt]) -> list[ev.Event]:
@@ -398,21 +409,16 @@ class Driver:
                 for att in attempts]
 
     def result_fields(self, value: Any) -> dict[str, Any]:
-        """The content, size and digest of a tool result, and its status when not ``ok``
-        (``too_large`` over ``max_result_bytes``). A result that cannot be recorded (too
-        deep, cyclic, unrepresentable) is still ``ok``, since the action did take effect,
-        with a content that says why it was not kept. The digest is keyed (HMAC-SHA256
+        """The content, size and digest of a tool result, and whether it could not be
+        recorded as it was (too deep, cyclic, unrepresentable: its content then says why).
+        Whether it is ``too_large`` is ``core``'s to say. The digest is keyed (HMAC-SHA256
         under the journal's key, SPEC 9), so it cannot confirm a guessed result."""
         content, data, problem = plain_result(value)
-        fields = {"content": content, "size": len(data),
-                  "digest": hmac.digest(self.spec.secret_key, data, hashlib.sha256).hex()}
+        fields: dict[str, Any] = {
+            "content": content, "size": len(data),
+            "digest": hmac.digest(self.spec.secret_key, data, hashlib.sha256).hex()}
         if problem is not None:
-            return fields
-        limit = self.budget.max_result_bytes
-        if limit is not None and len(data) > limit:
-            fields["content"] = (f"the result was {len(data)} bytes, over max_result_bytes="
-                                 f"{limit}; it was not kept")
-            fields["status"] = "too_large"
+            fields[UNKEEPABLE] = True
         return fields
 
     # -- the step's reservation --------------------------------------------------------

@@ -172,12 +172,43 @@ def test_a_timeout_is_never_a_failure() -> None:
     timed_out = decide.Attempt(1, "timeout", timeout_s=1.0)
     failed = decide.Attempt(2, "error", error="boom", category="ValueError")
     events, doubt = decide.attempt_outcomes("e", [timed_out, failed], final=True, doubt=False,
-                                            fields_of=fields, now=NOW)
+                                            fields_of=fields, limit=None, now=NOW)
     assert names(events) == ["CallTimedOut", "CallFailed", "CallOutcomeUnknown"] and doubt
     events, doubt = decide.attempt_outcomes(
         "e", [decide.Attempt(1, "timeout", reconciled=False), failed], final=True,
-        doubt=False, fields_of=fields, now=NOW)
+        doubt=False, fields_of=fields, limit=None, now=NOW)
     assert names(events) == ["CallTimedOut", "CallReconciled", "CallFailed"] and not doubt
+
+
+def test_a_result_over_max_result_bytes_is_too_large_in_the_core() -> None:
+    """SPEC 9: the core, not the interpreter, says a result is ``too_large``: over the
+    limit its content says so; at the limit, or unrecordable (kept ``ok``: the action took
+    effect), or reconciled, it stays ``ok``."""
+    def fields(value: Any) -> dict[str, Any]:
+        size, unkeepable = value
+        got: dict[str, Any] = {"content": "x" * size, "size": size, "digest": "d"}
+        if unkeepable:
+            got[decide.UNKEEPABLE] = True
+        return got
+
+    def outcome(value: Any, limit: int | None) -> ev.CallSucceeded:
+        events, _ = decide.attempt_outcomes("e", [decide.Attempt(1, "ok", value)], final=True,
+                                            doubt=False, fields_of=fields, limit=limit,
+                                            now=NOW)
+        assert len(events) == 1 and isinstance(events[0], ev.CallSucceeded)
+        return events[0]
+
+    over = outcome((11, False), 10)
+    assert (over.status, over.size, over.digest) == ("too_large", 11, "d")
+    assert over.content == "the result was 11 bytes, over max_result_bytes=10; it was not kept"
+    assert (outcome((10, False), 10).status, outcome((10, False), 10).content) == ("ok", "x" * 10)
+    assert outcome((11, False), None).status == "ok"
+    assert (outcome((11, True), 10).status, outcome((11, True), 10).content) == ("ok", "x" * 11)
+    timed_out = decide.Attempt(1, "timeout", reconciled=True, reconciled_value=(50, False))
+    events, _ = decide.attempt_outcomes("e", [timed_out], final=True, doubt=False,
+                                        fields_of=fields, limit=10, now=NOW)
+    assert names(events) == ["CallTimedOut", "CallReconciled"]
+    assert isinstance(events[1], ev.CallReconciled) and events[1].size == 50
 
 
 REPLIES = st.one_of(

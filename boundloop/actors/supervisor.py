@@ -225,11 +225,9 @@ class SupervisorActor(Actor):
                 driver = Driver(spec)
                 run = _Run(driver, driver.run(), future, seq, loop=RunLoop(spec.loop),
                            generation=next(self._generations))
-                journal, cls = self.journal, type(self)
-                # Facts the run reads as it decides (fail closed: no model call on a closed
-                # journal or a runner that fenced itself).
-                driver.recordable = lambda: not journal.closed
-                driver.leased = lambda: cls._leased(run)
+                # A fact the run reads as it decides (fail closed: no model call on a closed
+                # journal; nor on a runner that fenced itself, which its spec's lease says).
+                driver.journal = self.journal
                 self.runs[spec.run_id] = run
                 limits = getattr(self.journal, "wait_limits", None)
                 if driver.deadline is not None and limits is not None:
@@ -527,12 +525,6 @@ class SupervisorActor(Actor):
         epoch = run.driver.state.epoch - (1 if run.driver.releasing else 0)
         return Fence(run.driver.spec.owner, epoch)
 
-
-    @staticmethod
-    def _leased(run: _Run) -> bool:
-        """True while this runner's lease holds for ``run`` (SPEC 6 self-fencing)."""
-        lease_ok = run.driver.spec.lease_ok
-        return lease_ok is None or lease_ok()
 
 
 def _once(done: Callable[[BaseException | None], None]) -> Callable[[BaseException | None],

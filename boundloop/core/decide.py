@@ -115,6 +115,14 @@ def admission(m: Machine, owner: str, queued: bool, now: Instant) -> ev.RunAdmit
 def decide(m: Machine, inp: Input, now: Instant) -> Step:
     """The next Step of the run ``m`` (updated in place) given ``inp`` at ``now``; an input
     its stage does not wait for raises ``Unexpected`` and leaves ``m`` as it was."""
+    kind = type(inp)
+    handler = _HANDLERS.get((m.stage, kind))
+    if handler is not None:  # the inputs a stage waits for (the table names none below)
+        if isinstance(inp, Committed):
+            if inp.error is not None:
+                lose(m, m.committing)
+            m.committing = []
+        return handler(m, inp, now)
     if isinstance(inp, AttemptStarting | AttemptFailed):
         _expect(m, m.stage in _DISPATCHING, inp)
         if isinstance(inp, AttemptStarting):
@@ -134,14 +142,7 @@ def decide(m: Machine, inp: Input, now: Instant) -> Step:
             _uninvoked(m)
         # A lost lease is this runner's, not the journal's failing: it says so alone.
         return halt(m, Stop("journal_unavailable", detail=inp.error, plain=inp.lease), now)
-    handler = _HANDLERS.get((m.stage, type(inp)))
-    _expect(m, handler is not None, inp)
-    assert handler is not None
-    if isinstance(inp, Committed):
-        if inp.error is not None:
-            lose(m, m.committing)
-        m.committing = []
-    return handler(m, inp, now)
+    raise Unexpected(f"the run in stage {m.stage!r} was given {kind.__name__}")
 
 
 def _expect(m: Machine, accepted: bool, inp: Input) -> None:

@@ -491,6 +491,23 @@ def run_finished(state: RunState, stop: Stop, budget: Budget, *, cancel_reason: 
 
 FieldsOf = Callable[[Any], dict[str, Any]]
 
+#: The key of a result's fields that says it could not be recorded as it was (too deep,
+#: cyclic, unrepresentable: its content says why); such a result is never ``too_large``.
+UNKEEPABLE = "unkeepable"
+
+
+def kept(fields: dict[str, Any], limit: int | None) -> dict[str, Any]:
+    """SPEC 9: a result's journal fields (content, size, keyed digest) as they are kept: a
+    result over ``max_result_bytes`` is ``too_large``, and its content says so instead. A
+    result that could not be recorded at all stays ``ok``: the action did take effect."""
+    unkeepable = fields.pop(UNKEEPABLE, False)
+    size = fields["size"]
+    if limit is not None and size > limit and not unkeepable:
+        fields["content"] = (f"the result was {size} bytes, over max_result_bytes={limit}; "
+                             "it was not kept")
+        fields["status"] = "too_large"
+    return fields
+
 
 def reconciled(execution_id: str, attempt: int, took: bool | None, value: Any, *,
                fields_of: FieldsOf, now: Now) -> list[ev.Event]:
@@ -504,25 +521,28 @@ def reconciled(execution_id: str, attempt: int, took: bool | None, value: Any, *
         return [ev.CallReconciled(**stamp, execution_id=execution_id, attempt=attempt,
                                   took_effect=False)]
     fields = fields_of(value)
-    fields.pop("status", None)
+    fields.pop(UNKEEPABLE, None)  # a reconciled result is never refused for its size
     return [ev.CallReconciled(**stamp, execution_id=execution_id, attempt=attempt,
                               took_effect=True, **fields)]
 
 
 def attempt_outcomes(execution_id: str, attempts: list[Attempt], *, final: bool, doubt: bool,
-                     fields_of: FieldsOf, now: Now) -> tuple[list[ev.Event], bool]:
+                     fields_of: FieldsOf, limit: int | None,
+                     now: Now) -> tuple[list[ev.Event], bool]:
     """SPEC 5.10 and 6: the events of attempts that ended (``final``: the last of them is
     the call's last). A timeout is never a failure: it is ``outcome_unknown`` unless
     reconcile settles it, and a later attempt that fails after one that may have taken
-    effect (``doubt``) leaves the outcome unknown too. Returns the events and the doubt
-    after them."""
+    effect (``doubt``) leaves the outcome unknown too; a result over ``limit``
+    (``max_result_bytes``) is ``too_large``. Returns the events and the doubt after
+    them."""
     stamp, eid = now.stamp(), execution_id
     events: list[ev.Event] = []
     for i, att in enumerate(attempts):
         last = final and i == len(attempts) - 1
         if att.kind == "ok":
             events.append(ev.CallSucceeded(**stamp, execution_id=eid, attempt=att.attempt,
-                                           latency_s=att.latency_s, **fields_of(att.value)))
+                                           latency_s=att.latency_s,
+                                           **kept(fields_of(att.value), limit)))
         elif att.kind == "error":
             events.append(ev.CallFailed(**stamp, execution_id=eid, attempt=att.attempt,
                                         error_category=att.category,

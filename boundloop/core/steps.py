@@ -59,7 +59,7 @@ def end_round(m: Machine, review: list[str], skipped: list[str], now: Instant) -
 # -- what attempts leave -------------------------------------------------------------------
 def given(fields: Any) -> dict[str, Any]:
     """An attempt's result as the interpreter made it journal fields (content, size, keyed
-    digest, status)."""
+    digest, and whether it could be recorded at all)."""
     return dict(fields)
 
 
@@ -88,7 +88,9 @@ def attempts(m: Machine, eid: str, attempts: list[rules.Attempt], final: bool,
     # An earlier attempt may have taken effect (this run, or before a crash).
     doubt = eid in m.unknown or m.state.calls[eid].doubt
     events, doubt = rules.attempt_outcomes(eid, attempts[done:], final=final, doubt=doubt,
-                                           fields_of=given, now=now_of(m, now))
+                                           fields_of=given,
+                                           limit=m.config.budget.max_result_bytes,
+                                           now=now_of(m, now))
     m.attempts_recorded[eid] = len(attempts)
     if doubt:
         m.unknown.add(eid)

@@ -436,20 +436,20 @@ class _Replayer:
     def dispatched(self, effect: fx.StartCalls) -> fact.Input:
         """The calls' recorded attempts: each attempt that started after its round made its
         CallDispatched durable first, in the order the recording has them."""
-        m, limit = self.machine, self.budget.max_result_bytes
+        m = self.machine
         starts = {c.execution_id: c for c in effect.calls}
         for d in self.rec.dispatched:
             c = starts.get(d.execution_id)
             if c is None or d.attempt < c.first_attempt \
                     or (c.recorded and d.attempt == c.first_attempt):
                 continue
-            done, _ = self.rec.attempts(d.execution_id, limit)
+            done, _ = self.rec.attempts(d.execution_id)
             self.feed(fact.AttemptStarting(d.execution_id, d.attempt,
                                            [a for a in done if a.attempt < d.attempt]))
             outbox(m)
         ended = []
         for c in effect.calls:
-            done, skipped = self.rec.attempts(c.execution_id, limit)
+            done, skipped = self.rec.attempts(c.execution_id)
             ended.append(fact.Ended(c.execution_id, done, skipped))
         return fact.AttemptsEnded(ended)
 

@@ -10,7 +10,7 @@ from typing import Any
 from boundloop import events as ev
 from boundloop.core import kinds
 from boundloop.core.budget import Budget
-from boundloop.core.rules import Attempt
+from boundloop.core.rules import UNKEEPABLE, Attempt
 from boundloop.core.state import Config, ToolFacts
 from boundloop.errors import JournalCorrupt
 from boundloop.ops._events import event_name
@@ -106,9 +106,9 @@ class Recording:
                       agent=a.agent, agent_version=a.agent_version, labels=dict(a.labels),
                       catalogue=self.catalogue, unpriced="fail" if fail else "allow")
 
-    def attempts(self, execution_id: str, limit: int | None) -> tuple[list[Attempt], str | None]:
-        """A call's recorded attempts as the interpreter made them facts, each result's
-        status as ``max_result_bytes=limit`` gives it; and why it never ran, if so."""
+    def attempts(self, execution_id: str) -> tuple[list[Attempt], str | None]:
+        """A call's recorded attempts as the interpreter made them facts; and why it never
+        ran, if so."""
         done: list[Attempt] = []
         skipped = None
         for e in self.outcomes.get(execution_id, []):
@@ -117,7 +117,7 @@ class Recording:
                 case ev.CallSkipped():
                     skipped = e.reason
                 case ev.CallSucceeded():
-                    done.append(Attempt(e.attempt, "ok", self.fields(e, limit),
+                    done.append(Attempt(e.attempt, "ok", self.fields(e),
                                         latency_s=e.latency_s))
                 case ev.CallFailed():
                     done.append(Attempt(e.attempt, "error", error=e.content,
@@ -135,15 +135,15 @@ class Recording:
                     pass
         return done, skipped
 
-    def fields(self, e: ev.CallSucceeded, limit: int | None) -> dict[str, Any]:
-        """A result's journal fields, its status as ``limit`` gives it (SPEC 9: ``too_large``
-        over ``max_result_bytes``): a result recorded ``ok`` over the recorded limit could
-        not be recorded at all, and stays ``ok`` under any limit."""
+    def fields(self, e: ev.CallSucceeded) -> dict[str, Any]:
+        """A result's journal fields as the interpreter gives them to ``core`` (which says
+        whether it is ``too_large`` under the budget checked): a result recorded ``ok``
+        over the recorded limit could not be recorded at all, and stays ``ok`` under any
+        limit."""
         fields: dict[str, Any] = {"content": e.content, "size": e.size, "digest": e.digest}
         recorded = self.admitted.budget.max_result_bytes
-        unkeepable = kinds.is_ok(e.status) and recorded is not None and e.size > recorded
-        if limit is not None and e.size > limit and not unkeepable:
-            fields["status"] = "too_large"
+        if kinds.is_ok(e.status) and recorded is not None and e.size > recorded:
+            fields[UNKEEPABLE] = True
         return fields
 
 
