@@ -242,6 +242,13 @@ class Driver:
             effect = step.effects[0]
             if isinstance(effect, fx.Finish):
                 return effect.result
+            inline = self.inline(effect)
+            if inline is not None:
+                # Performed here, with nothing to wait for: as after a fold.
+                inp = inline
+                clock = self.clock
+                now = _replace(now, ts=clock.time(), mono=clock.monotonic())
+                continue
             inp = yield from self.perform(effect)
             now = self.now()
 
@@ -274,6 +281,16 @@ class Driver:
                       effect.close, effect.tools, effect.reserve_tools)
 
     # -- effects ---------------------------------------------------------------------------
+    def inline(self, effect: fx.Effect) -> fact.Input | None:
+        """The outcome of an effect that needs no user code on a worker (the default
+        estimate; the calls' validation when no permission check is asked), else None."""
+        if isinstance(effect, fx.Estimate):
+            return self.default_estimate() if self.spec.estimator is None else None
+        if isinstance(effect, fx.CheckCalls) and (effect.permit is None
+                                                  or self.spec.permit is None):
+            return self.validated(effect, self.copy_calls(), None)
+        return None
+
     def perform(self, effect: fx.Effect) -> Generator[Effect, Any, fact.Input]:
         """Perform one of ``core``'s effects through the supervisor; the outcome as a fact."""
         if isinstance(effect, fx.Commit):
@@ -357,10 +374,7 @@ class Driver:
         """The permission check (on a worker, never on the supervisor's thread) and the
         tools' ``validate``, on copies: nothing they do to the arguments can change the
         recorded call."""
-        spec, batch = self.spec, self.machine.batch
-        assert batch is not None
-        calls = self.copies = [msgspec.msgpack.decode(msgspec.msgpack.encode(c), type=ToolCall)
-                               for c in batch.calls]
+        spec, calls = self.spec, self.copy_calls()
         verdicts: list[fact.Verdict] = [None] * len(calls)
         if effect.permit is not None and spec.permit is not None:
             asked = effect.permit
@@ -375,6 +389,21 @@ class Driver:
                        ] * len(asked)
             for i, verdict in zip(asked, got, strict=True):
                 verdicts[i] = _verdict(verdict)
+        return self.validated(effect, calls, verdicts)
+
+    def copy_calls(self) -> list[ToolCall]:
+        """The batch's calls, copied: nothing user code does to them changes the record."""
+        batch = self.machine.batch
+        assert batch is not None
+        calls = self.copies = [msgspec.msgpack.decode(msgspec.msgpack.encode(c), type=ToolCall)
+                               for c in batch.calls]
+        return calls
+
+    def validated(self, effect: fx.CheckCalls, calls: list[ToolCall],
+                  verdicts: list[fact.Verdict] | None) -> fact.Input:
+        """The tools' ``validate`` of each call (its kwargs kept for the start), with the
+        permission check's verdicts (None: none was asked)."""
+        spec = self.spec
         validated: list[Any] = []
         invalid: list[str | None] = []
         for call, eid in zip(calls, effect.execution_ids, strict=True):
@@ -389,7 +418,8 @@ class Driver:
             self.kwargs[eid] = kwargs
             validated.append(content_of(kwargs))
             invalid.append(wrong)
-        return fact.CallsChecked(verdicts, validated, invalid)
+        return fact.CallsChecked([None] * len(calls) if verdicts is None else verdicts,
+                                 validated, invalid)
 
     def link(self, step: int) -> ParentLink:
         """What a child started by a handler of this step draws on."""
@@ -427,9 +457,7 @@ class Driver:
         ceil(history JSON bytes / 4) input tokens plus the model's declared output maximum."""
         spec = self.spec
         if spec.estimator is None:
-            usage = default_reservation(self.history_bytes(),
-                                        getattr(spec.model, "max_output_tokens", None))
-            return fact.Estimated(self.priced_estimate(usage))
+            return self.default_estimate()
         reply = yield CallUser(spec.estimator, (copy_history(self.machine.state.transcript),
                                                 spec.model), self.deadline, spec.cancel)
         if reply.abandoned is not None:
@@ -448,6 +476,13 @@ class Driver:
                 "(counts must be whole numbers >= 0)"
             return fact.Estimated(failed=f"the runner's estimator {why}")
         return fact.Estimated(self.priced_estimate(estimate))
+
+    def default_estimate(self) -> fact.Input:
+        """ceil(history JSON bytes / 4) input tokens plus the model's declared output
+        maximum, priced."""
+        usage = default_reservation(self.history_bytes(),
+                                    getattr(self.spec.model, "max_output_tokens", None))
+        return fact.Estimated(self.priced_estimate(usage))
 
     def priced_estimate(self, usage: Usage) -> Usage:
         """A reservation with its cost: by the price table, else by the catalogue for the
