@@ -366,32 +366,46 @@ def test_an_estimator_failure_says_the_model_was_not_called(tmp_path: Path) -> N
 
 
 # -- found by an acceptance pass against SPEC 12 -------------------------------------------
+@pytest.mark.parametrize("runs_out", ["before_model", "before_dispatch"])
 def test_a_self_fenced_run_counts_only_the_model_calls_made_and_says_why_plainly(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A runner whose lease ran out before a model step fences itself and does not call the
-    model: that step is not counted (SPEC 5: model steps count callback invocations), and
-    the explanation says the lease ran out, in sentences (not that the journal failed)."""
-    from boundloop.actors import supervisor
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runs_out: str) -> None:
+    """A runner whose lease ran out before a model step (or before a batch's dispatch)
+    fences itself and does not call the model (or start the call): that step is not counted
+    (SPEC 5: model steps count callback invocations), and the explanation says the lease ran
+    out, in sentences, not that the journal failed (found again: a lease lost before the
+    dispatch was explained as the journal's failing)."""
+    from boundloop._runner.base import RunnerBase
 
     calls: list[int] = []
-    leased = supervisor.SupervisorActor._leased
+    ran: list[str] = []
+    leased = RunnerBase.lease_ok
 
     def model(history: Any, ctx: Any) -> Any:
         calls.append(ctx.step)
-        return bl.CallTools([bl.ToolCall("c1", "echo", {"text": "x"})])
+        return bl.CallTools([bl.ToolCall(f"c{ctx.step}", "echo", {"text": "x"})])
 
-    def lease_runs_out(run: Any) -> bool:
-        return leased(run) and not calls  # gone once the model was called once
+    def echo(text: str) -> str:
+        ran.append(text)
+        return text
 
-    monkeypatch.setattr(supervisor.SupervisorActor, "_leased", staticmethod(lease_runs_out))
+    def lease_runs_out(self: Any, since: int | None = None) -> bool:
+        gone = ran if runs_out == "before_model" else calls
+        return leased(self, since) and not gone
+
+    monkeypatch.setattr(RunnerBase, "lease_ok", lease_runs_out)
     with bl.Runner(tmp_path / "j") as runner:
-        result = runner.run(model=model, tools=[_echo()], prompt="p")
-    assert calls == [1]
-    assert result.status == "journal_unavailable" and result.model_steps == 1
+        result = runner.run(model=model, tools=[bl.Tool("echo", echo)], prompt="p")
+        events = [e for _, e in runner.journal.read(result.run_id)]
+    assert calls == [1] and result.model_steps == 1
+    assert result.status == "journal_unavailable" and result.exhausted_limit is None
+    assert ran == (["x"] if runs_out == "before_model" else [])
     assert result.explanation.startswith("This runner stopped starting work")
-    assert "lease ran out" in result.explanation and "journal could not" not in \
-        result.explanation
+    assert "lease ran out" in result.explanation and "journal" not in result.explanation
     assert result.explanation.endswith(".")
+    # It stops as a resume would find it: open in the journal, for another runner.
+    assert not any(isinstance(e, bl.events.RunFinished) for e in events)
+    succeeded = [e for e in events if isinstance(e, bl.events.CallSucceeded)]
+    assert len(succeeded) == (1 if runs_out == "before_model" else 0)
 
 
 # -- found by a hostile-input pass --------------------------------------------------------------

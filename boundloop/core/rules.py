@@ -459,7 +459,7 @@ def round_ended(state: RunState, *, review: list[str], skipped: list[str], cance
     if not skipped:
         return events, None
     if "lease" in skipped:
-        return events, Stop("journal_unavailable",
+        return events, Stop("journal_unavailable", plain=True,
                             detail="This runner stopped starting work during the batch (it "
                                    "is shutting down, or its lease ran out: was the process "
                                    "paused?); it started nothing more. Another runner may "
