@@ -21,12 +21,14 @@ from multiprocessing.pool import AsyncResult
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import pytest
 
 import boundloop as bl
 from boundloop import events as ev
 from boundloop.journal import codec
 from boundloop.journal import lmdb as lmdb_journal
+from boundloop.journal.lmdb import _fork
 
 FORK = multiprocessing.get_context("fork")
 #: Runs of the bounded prefork drill (the soak variant runs 1,000).
@@ -261,6 +263,79 @@ def test_a_child_forked_while_another_thread_holds_a_journal_lock_does_not_inher
         for lock in held:
             lock.release()
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _admitted(run_id: str) -> ev.Event:
+    return ev.RunAdmitted(run_id=run_id, budget=bl.Budget(), history=[], tools=[])
+
+
+class _RemappedEnv:
+    """A journal's LMDB environment as its other threads find it while one thread holds the
+    journal's gate alone and remaps the environment (the fork hook's set_mapsize(0), a map
+    resize): py-lmdb's info() and stat() fail there with EINVAL (measured with py-lmdb 3.0,
+    a thread calling them while another calls set_mapsize), and nothing else may be begun
+    until it is done. Notes each such call, and fails it as py-lmdb would."""
+
+    def __init__(self, env: Any, gate: Any, holder: int) -> None:
+        self._real, self._gate, self._holder = env, gate, holder
+        self.touched: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._real, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._gate._exclusive and threading.get_ident() != self._holder:
+                self.touched.append(name)
+                raise lmdb.InvalidParameterError(f"mdb_env_{name}: Invalid argument")
+            return attr(*args, **kwargs)
+        return call
+
+
+@pytest.mark.timeout(60)
+def test_a_commit_begun_while_the_process_forks_waits_for_the_fork_and_is_recorded(
+        tmp_path: Path) -> None:
+    """A commit that checks how full the map is (a journal's first, then every 64th) while
+    another thread forks must wait for the fork, as every transaction does: it did not,
+    read the environment while the fork hook remapped it, and its run ended
+    journal_unavailable ("mdb_env_stat: Invalid argument": the prefork drill's first master
+    run, seen on CI and here under load)."""
+    journal = lmdb_journal.LmdbJournal(tmp_path / "journal")
+    real = journal._env  # type: ignore[attr-defined]
+    env = _RemappedEnv(real, journal._gate, threading.get_ident())  # type: ignore[attr-defined]
+    journal._env = env  # type: ignore[attr-defined]
+    # The commit's thread has reached the gate (waits there for the fork) or is answered.
+    reached = threading.Event()
+    gate = journal._gate  # type: ignore[attr-defined]
+    enter = gate.enter_shared
+
+    def entering() -> None:
+        if gate._exclusive:
+            reached.set()
+        enter()
+
+    gate.enter_shared = entering
+    answers: list[BaseException | None] = []
+
+    def done(err: BaseException | None) -> None:
+        answers.append(err)
+        reached.set()
+
+    try:
+        _fork._before_fork()  # what os.fork() runs first: every journal held idle, remapped
+        try:
+            journal.submit("r1", 0, [_admitted("r1")], done)
+            assert reached.wait(30), "the commit neither waited at the gate nor ended"
+        finally:
+            _fork._forked_parent()  # the fork is done: the journal serves again
+        assert journal.append("r2", 0, [_admitted("r2")]) == 1
+        assert answers == [None], answers
+        assert env.touched == []  # nothing read the environment while it was remapped
+        assert [type(e) for e in journal.events("r1")] == [ev.RunAdmitted]
+    finally:
+        journal._env = real  # type: ignore[attr-defined]
+        journal.close()
 
 
 # -- the prefork drill ------------------------------------------------------------------------
