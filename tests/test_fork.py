@@ -395,6 +395,14 @@ def _drill(tmp_path: Path, runs: int) -> None:
     killed: list[int] = []
     answers: dict[str, tuple[str, int]] = {}
     started = time.monotonic()
+    # Every name the master and its workers use is imported before any thread starts or any
+    # pool forks, as a prefork server's master imports its application first: a fork while
+    # another thread is importing a module (``bl.ScriptedModel`` is imported on first use)
+    # leaves that module's import lock held for ever in the child, and the worker hangs
+    # (CPython; seen under load when this test ran on its own).
+    for kind in ("ok", "tool", "model"):
+        _model(kind)
+    _tools()
     with bl.Runner(journal) as master:  # the prefork master holds the journal throughout
         # ... and serves runs of its own meanwhile, so workers are forked while it commits.
         stop = threading.Event()
