@@ -85,12 +85,12 @@ def _model(kind: str) -> Any:
                              bl.Final("done")])
 
 
-def _open_runner(journal: str, ledger: str, busy: str) -> None:
+def _open_runner(journal: str, ledger: str, busy: str, sync: bool = True) -> None:
     """A pool worker's initializer: its own Runner on the parent's journal, closed when the
     worker exits (multiprocessing's finalizers run in a pool worker that ends normally)."""
     global _runner
     _where.update(ledger=Path(ledger), busy=Path(busy))
-    _runner = bl.Runner(journal)
+    _runner = bl.Runner(journal, sync=sync)
     multiprocessing.util.Finalize(None, _runner.close, exitpriority=10)
 
 
@@ -339,6 +339,16 @@ def test_a_commit_begun_while_the_process_forks_waits_for_the_fork_and_is_record
 
 
 # -- the prefork drill ------------------------------------------------------------------------
+#: The drill's journal does not fsync its commits. What it checks (forks while the master
+#: commits, workers SIGKILLed mid-run, recovery, no tool run twice, nothing hung) is about
+#: processes dying, and a commit in the page cache outlives any process. A disk shared with
+#: other work stalled fdatasync for seconds (up to ~10 s, the whole journal idle meanwhile,
+#: seen on a loaded 2-core machine), past the walls a run rightly fails closed at: the
+#: write lock's 10 s wait and the lease's 10 s margin, so master and worker runs ended
+#: journal_unavailable, which is not what the drill is about (test_write_lock and
+#: test_fencing check those walls).
+_DRILL_SYNC = False
+
 def _killed_when_busy(busy: Path, victims: set[str], seen: set[str], deadline: float) -> list[int]:
     """SIGKILL each worker that says it is stuck in a victim run (in a tool or the model);
     the pids killed."""
@@ -362,7 +372,8 @@ def _waves(journal: str, ledger: str, busy: str, waves: int, plan: dict[str, str
     for wave in range(waves):
         # A new pool each wave (the old one is replaced); within it, the pool forks a
         # new worker for each one killed, from the master that holds the journal.
-        pool = FORK.Pool(4, initializer=_open_runner, initargs=(journal, ledger, busy))
+        pool = FORK.Pool(4, initializer=_open_runner,
+                         initargs=(journal, ledger, busy, _DRILL_SYNC))
         try:
             pending: dict[str, AsyncResult[tuple[str, str, int]]] = {
                 run_id: pool.apply_async(_serve, (run_id, kind))
@@ -403,7 +414,8 @@ def _drill(tmp_path: Path, runs: int) -> None:
     for kind in ("ok", "tool", "model"):
         _model(kind)
     _tools()
-    with bl.Runner(journal) as master:  # the prefork master holds the journal throughout
+    # The prefork master holds the journal throughout.
+    with bl.Runner(journal, sync=_DRILL_SYNC) as master:
         # ... and serves runs of its own meanwhile, so workers are forked while it commits.
         stop = threading.Event()
         mastered: list[str] = []
