@@ -107,16 +107,25 @@ class _Writes(GroupCommit):
 
     # -- map size ------------------------------------------------------------------------
     def _used_fraction(self) -> float:
-        info = self._env.info()
-        return float((info["last_pgno"] + 1) * self._env.stat()["psize"]) / info["map_size"]
+        # Under the gate, like a transaction: a thread holding it alone may be remapping
+        # the environment (a fork, see _fork._before_fork; a grow), and py-lmdb's info()
+        # and stat() fail with EINVAL meanwhile: a commit failed so as a pool forked.
+        gate = self._gate
+        gate.enter_shared()
+        try:
+            info = self._env.info()
+            return float((info["last_pgno"] + 1) * self._env.stat()["psize"]) \
+                / info["map_size"]
+        finally:
+            gate.leave_shared()
 
     def _grow(self) -> bool:
         """Double the map (up to max_map_size); False when it cannot grow. Waits for this
         process's readers to finish, as LMDB requires."""
-        size = self._env.info()["map_size"]
-        if size >= self._max_map_size:
-            return False
-        with self._gate.exclusive():
+        with self._gate.exclusive():  # the size is read there too (see _used_fraction)
+            size = self._env.info()["map_size"]
+            if size >= self._max_map_size:
+                return False
             self._env.set_mapsize(min(size * 2, self._max_map_size))
         return True
 
