@@ -390,6 +390,13 @@ class Telemetry:
         pending = self._pending
         while pending:
             run_id, events, model = pending.popleft()
+            if pending and pending[0][0] == run_id:
+                # A run's commits that wait one after another are projected in one go (a
+                # W1 run's seven, at its end): one call, not one a commit. A new list: the
+                # observed ones are the callers'.
+                events = list(events)
+                while pending and pending[0][0] == run_id:
+                    events += pending.popleft()[1]
             self._project(run_id, events, model, None)
         if self._commits:
             self._record_commits()
