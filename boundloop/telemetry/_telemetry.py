@@ -82,11 +82,12 @@ class Telemetry:
     global providers (the default) and without an SDK, ``observe`` returns at once (it looks
     for an SDK again at most once a second); with one, spans follow the GenAI conventions
     (``invoke_agent``, ``chat {model}``, ``execute_tool {tool}``) and the metrics are those of
-    ``boundloop.telemetry.names.METRICS``. The projection is kept off the loop's path: the
-    events of each commit wait in one queue (in commit order, so a child run's span finds its
-    parent's tool span), and a projector thread works through them while the journal waits
-    for its disk, when the loop would be idle anyway; whatever is left is projected when the
-    run ends, before its result is given, so a run's spans have ended and been exported (by a
+    ``boundloop.telemetry.names.METRICS``. The projection is kept out of the loop: the events
+    of each commit wait in one queue (in commit order, so a child run's span finds its
+    parent's tool span); once ``WAKE_AT`` commits' events wait, a projector thread works
+    through them while the journal waits for its disk, when the loop would be idle anyway;
+    whatever is left is projected within ``FLUSH_S`` or when the run ends, before its result
+    is given, so a run's spans have ended and been exported (by a
     synchronous span processor) when ``run`` returns. A run's span is a child of the span
     current where it was started (``link``), and while its model calls and tool handlers run,
     their ``chat`` and ``execute_tool`` spans are current (``chat_context``,
