@@ -271,3 +271,22 @@ def test_the_projection_waits_for_the_journal_to_sync_and_is_done_by_the_runs_en
     assert len(noting.threads) == 6 * per_run
     assert "boundloop-telemetry" in noting.threads, noting.threads  # the projector did some
     assert set(noting.threads) - {"boundloop-telemetry"}, noting.threads  # the runs' ends too
+
+
+def test_a_short_run_is_projected_at_its_end_without_waking_the_projector(
+        tmp_path: Path) -> None:
+    """Fewer than ``WAKE_AT`` commits' events are not worth a thread's wake-up (issue #23):
+    a short durable run's spans are all made by its end, on the thread that ends it, and no
+    projector thread is started."""
+    otel, noting = Otel(), ThreadNoting()
+    otel.tracer_provider.add_span_processor(SimpleSpanProcessor(noting))
+    known = tools()
+    with bl.Runner(tmp_path / "j", sync=True, telemetry=otel.telemetry) as runner:
+        for i in range(3):
+            rid = f"short{i}"
+            assert runner.run(model=rounds_model(), tools=[known["echo"]], prompt="go",
+                              run_id=rid).status == "final"
+            assert len(of_run(otel.exporter.get_finished_spans(), rid)) == SPANS_PER_RUN
+        assert otel.telemetry._projector is None
+    assert len(noting.threads) == 3 * SPANS_PER_RUN
+    assert "boundloop-telemetry" not in noting.threads, noting.threads
