@@ -386,8 +386,10 @@ class Telemetry:
             finally:
                 self._lock.release()
 
-    def _drain(self) -> None:
-        """Project everything that waits, in order (under ``_lock``)."""
+    def _drain(self, commits: bool = True) -> None:
+        """Project everything that waits, in order (under ``_lock``), and record the journal
+        commits noted (unless ``commits`` is False: a run's end leaves them to the flush,
+        within ``FLUSH_S``, or the projector; the run's result need not wait for them)."""
         pending = self._pending
         while pending:
             run_id, events, model = pending.popleft()
@@ -399,7 +401,7 @@ class Telemetry:
                 while pending and pending[0][0] == run_id:
                     events += pending.popleft()[1]
             self._project(run_id, events, model, None)
-        if self._commits:
+        if commits and self._commits:
             self._record_commits()
 
     def _project(self, run_id: str, events: Sequence[ev.Event], model: Any,
@@ -421,9 +423,9 @@ class Telemetry:
         """Note one durable journal commit: its latency and the appends it carried.
 
         Made for the journal's writer thread, the group commit's critical path: it only
-        queues the figures (~0.1 µs); they are recorded with the next projection (which
-        follows every commit) or ``flush``, so the SDK's ~6 µs a measurement is paid off
-        the writer. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself
+        queues the figures (~0.1 µs); they are recorded by the projector or ``flush`` (within
+        ``FLUSH_S``), so the SDK's ~6 µs a measurement is paid off the writer and off the
+        run's end. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself
         (unless a projection is under way: that one records them). It also keeps the
         average commit latency the projector's budget is a share of (``SYNC_SHARE``).
         """
@@ -504,7 +506,8 @@ class Telemetry:
         with self._lock:
             self._wanted = False
             try:
-                self._drain()  # this run's events and all observed before them, in order
+                # This run's events and all observed before them, in order.
+                self._drain(commits=False)
                 projection = self._projection
                 if projection.release(run_id, status, time.time()) and \
                         projection.sink is not None:
