@@ -76,7 +76,7 @@ from opentelemetry.trace import NonRecordingSpan, NoOpTracerProvider
 from boundloop import events as ev
 from boundloop.telemetry import Projection, Telemetry
 from boundloop.telemetry import names as n
-from boundloop.telemetry._telemetry import instruments, meter
+from boundloop.telemetry._telemetry import WAKE_AT, instruments, meter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loop import filesystem, make_model, noop  # noqa: E402  (bench/loop.py: the workload)
@@ -351,9 +351,10 @@ def costs(recorded: list[tuple[str, list[list[ev.Event]]]], model: Any,
                     time.sleep(idle)
                 loud.journal_commit(0.001, 1)
                 loud.observe(rid, chunk, model=model)
-                with loud._lock:  # as the projector or a run's release would, at once
-                    loud._drain()
-            loud.release(rid)
+                if len(loud._pending) >= WAKE_AT:  # as the projector would, at once
+                    with loud._lock:
+                        loud._drain()
+            loud.release(rid)  # what waits (a W1 run's every commit) is projected here
         otel.exporter.clear()
 
     def floor(idle: float) -> None:

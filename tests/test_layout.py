@@ -192,7 +192,7 @@ def test_recovered_run_annotations_resolve() -> None:
 MAX_LINES = 600
 #: The modules still over MAX_LINES, waiting to be split; no other module may be, and one
 #: that is back under the limit leaves this list.
-STILL_OVER = ("boundloop/telemetry/_telemetry.py", "boundloop/telemetry/projection.py")
+STILL_OVER: tuple[str, ...] = ()
 
 
 def _sizes() -> dict[str, int]:

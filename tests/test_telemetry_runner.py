@@ -36,6 +36,7 @@ from test_telemetry import (  # noqa: E402
 
 import boundloop as bl  # noqa: E402
 from boundloop.telemetry import Telemetry, names  # noqa: E402
+from boundloop.telemetry._telemetry import WAKE_AT  # noqa: E402
 
 ROUNDS = 3
 SPANS_PER_RUN = 1 + (ROUNDS + 1) + ROUNDS  # invoke_agent, a chat a step, a tool an attempt
@@ -251,17 +252,41 @@ class ThreadNoting(SpanExporter):
 def test_the_projection_waits_for_the_journal_to_sync_and_is_done_by_the_runs_end(
         tmp_path: Path) -> None:
     """The projector thread projects while the journal waits for its disk (off the loop's
-    path); what it has not got to when the run ends, the run's end projects, so every span
-    is out when run returns, in order (a tool span after the run span it is under)."""
+    path), once enough waits (``WAKE_AT`` commits' events: a run long enough); what it has
+    not got to when the run ends, the run's end projects, so every span is out when run
+    returns, in order (a tool span after the run span it is under)."""
+    otel, noting = Otel(), ThreadNoting()
+    otel.tracer_provider.add_span_processor(SimpleSpanProcessor(noting))
+    known = tools()
+    rounds = WAKE_AT + 4  # a commit a round, and the queue is full after WAKE_AT of them
+    per_run = 1 + (rounds + 1) + rounds
+    with bl.Runner(tmp_path / "j", sync=True, telemetry=otel.telemetry) as runner:
+        for i in range(6):
+            rid = f"s{i}"
+            assert runner.run(model=rounds_model(rounds), tools=[known["echo"]], prompt="go",
+                              run_id=rid, budget=bl.Budget(max_model_steps=rounds + 2,
+                                                           max_tool_calls=rounds)
+                              ).status == "final"
+            assert len(of_run(otel.exporter.get_finished_spans(), rid)) == per_run
+    assert len(noting.threads) == 6 * per_run
+    assert "boundloop-telemetry" in noting.threads, noting.threads  # the projector did some
+    assert set(noting.threads) - {"boundloop-telemetry"}, noting.threads  # the runs' ends too
+
+
+def test_a_short_run_is_projected_at_its_end_without_waking_the_projector(
+        tmp_path: Path) -> None:
+    """Fewer than ``WAKE_AT`` commits' events are not worth a thread's wake-up (issue #23):
+    a short durable run's spans are all made by its end, on the thread that ends it, and no
+    projector thread is started."""
     otel, noting = Otel(), ThreadNoting()
     otel.tracer_provider.add_span_processor(SimpleSpanProcessor(noting))
     known = tools()
     with bl.Runner(tmp_path / "j", sync=True, telemetry=otel.telemetry) as runner:
-        for i in range(6):
-            rid = f"s{i}"
+        for i in range(3):
+            rid = f"short{i}"
             assert runner.run(model=rounds_model(), tools=[known["echo"]], prompt="go",
                               run_id=rid).status == "final"
             assert len(of_run(otel.exporter.get_finished_spans(), rid)) == SPANS_PER_RUN
-    assert len(noting.threads) == 6 * SPANS_PER_RUN
-    assert "boundloop-telemetry" in noting.threads, noting.threads  # the projector did some
-    assert set(noting.threads) - {"boundloop-telemetry"}, noting.threads  # the runs' ends too
+        assert otel.telemetry._projector is None
+    assert len(noting.threads) == 3 * SPANS_PER_RUN
+    assert "boundloop-telemetry" not in noting.threads, noting.threads

@@ -1,21 +1,21 @@
-"""``Telemetry``: the projection wired to OpenTelemetry (and any extra sinks)."""
+"""``Telemetry``: the projection wired to OpenTelemetry (and any extra sinks), fed by the
+runner and projected by a background thread while the journal syncs (its metrics sink is
+``boundloop.telemetry._metrics``)."""
 
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import Meter, MeterProvider, NoOpMeterProvider
+from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
 from opentelemetry.trace import (
     NoOpTracerProvider,
     ProxyTracerProvider,
@@ -28,7 +28,10 @@ from boundloop import events as ev
 from boundloop.errors import ConfigError
 from boundloop.telemetry import names as n
 from boundloop.telemetry._links import FixedIds, RunLink, install
+from boundloop.telemetry._metrics import OtelMetrics, instruments, meter
 from boundloop.telemetry.projection import Fanout, Projection, Sink, StateView
+
+__all__ = ["OtelMetrics", "Telemetry", "instruments", "meter"]
 
 try:  # the API's stand-in until an SDK is set globally (private name, stable since 1.10)
     from opentelemetry.metrics._internal import _ProxyMeterProvider as _ProxyMeters
@@ -55,6 +58,12 @@ MIN_SYNC_BUDGET_S = 50e-6
 MAX_SYNC_BUDGET_S = 1e-3
 #: The projector thread ends after this long without work.
 PROJECTOR_IDLE_S = 2.0
+#: Commits' events that wait before a sync wakes the projector. Waking it costs more CPU than
+#: it saves when little waits (a futex wake, a thread scheduled on the other core, the
+#: interpreter lock handed back and forth, the SDK's code cold there): a sequential W1 run
+#: commits 7 times, so its spans are made in one go, warm, when it ends (``release``); many
+#: runs at once, or a long run, fill the queue and are projected while the journal syncs.
+WAKE_AT = 16
 #: Runs whose events may wait for the projector at once; past that, observe projects at once.
 MAX_QUEUED_RUNS = 100_000
 #: Runs linked to their callers' traces at once (see ``Telemetry.link``); past that, a run
@@ -62,138 +71,6 @@ MAX_QUEUED_RUNS = 100_000
 MAX_LINKS = 100_000
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
-
-
-#: Meters and instruments are made once per provider and meter, not once per Telemetry:
-#: the API's proxy meter provider (the global one until an SDK is set) keeps every meter and
-#: instrument made on it for ever, so that it can hand them to an SDK set later; made per
-#: Telemetry, a process that makes a Runner per request grew ~3 KB a Runner without bound.
-#: Weak keys: a provider (and its meters) given by a test or application can still go.
-_MADE_LOCK = threading.Lock()
-_METERS: weakref.WeakKeyDictionary[Any, Meter] = weakref.WeakKeyDictionary()
-_INSTRUMENTS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-
-
-def _cached(cache: weakref.WeakKeyDictionary[Any, Any], key: Any,
-            make: Callable[[], Any]) -> Any:
-    with _MADE_LOCK:
-        try:
-            found = cache.get(key)
-        except TypeError:  # neither hashable nor weakly referable: made each time
-            return make()
-        if found is None:
-            found = make()
-            try:
-                cache[key] = found
-            except TypeError:
-                pass
-        return found
-
-
-def meter(provider: MeterProvider) -> Meter:
-    """boundloop's meter on ``provider``, made once per provider (see ``_METERS``)."""
-    made: Meter = _cached(_METERS, provider, lambda: provider.get_meter(n.SCOPE))
-    return made
-
-
-def instruments(meter: Meter) -> dict[str, Any]:
-    """How to record each metric of ``names.METRICS`` on ``meter`` (a counter's ``add``, a
-    histogram's ``record``), the instruments made once per meter (see ``_METERS``)."""
-    made: dict[str, Any] = _cached(_INSTRUMENTS, meter, lambda: _make_instruments(meter))
-    return made
-
-
-def _make_instruments(meter: Meter) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for m in n.METRICS:
-        if m.kind == "counter":
-            inst: Any = meter.create_counter(m.name, unit=m.unit, description=m.description)
-            out[m.name] = inst.add
-            continue
-        try:
-            inst = meter.create_histogram(
-                m.name, unit=m.unit, description=m.description,
-                explicit_bucket_boundaries_advisory=list(m.buckets))
-        except TypeError:  # opentelemetry-api < 1.23 takes no advisory
-            inst = meter.create_histogram(m.name, unit=m.unit, description=m.description)
-        out[m.name] = inst.record
-    return out
-
-
-class OtelMetrics:
-    """A sink recording to OpenTelemetry instruments made from ``meter``, one per metric of
-    ``names.METRICS``.
-
-    Histograms are recorded at once. Counter additions are summed here and added to the
-    SDK's counters by ``flush`` (``schedule`` is called when the first one waits, so a
-    ``Telemetry`` flushes within ``FLUSH_S``): a synchronous SDK add costs ~5 µs on the
-    2-core bench machine, a sum here ~0.2 µs, and a round adds tokens of two kinds or more.
-    (Observable counters would be as cheap, but the SDK keeps the callbacks of only the
-    first instrument of a name: a second Telemetry on the same provider would be lost.)
-    """
-
-    def __init__(self, meter: Meter, schedule: Callable[[], None] = lambda: None) -> None:
-        self._lock = threading.Lock()
-        self._schedule = schedule
-        self._instruments = instruments(meter)
-        #: counter additions not yet given to the SDK, by (metric, attribute values)
-        self._pending: dict[tuple[str, tuple[str, ...]], float] = {}
-        self._attrs: dict[tuple[str, tuple[str, ...]], dict[str, str]] = {}
-        # (metric, values) -> how to record one value of that series, made once per series.
-        self._bound: dict[tuple[str, tuple[str, ...]], Callable[[float], None]] = {}
-
-    def _attributes(self, name: str, keys: tuple[str, ...],
-                    values: tuple[str, ...]) -> dict[str, str]:
-        key = (name, values)
-        attrs = self._attrs.get(key)
-        if attrs is None:
-            # An empty value is an attribute the observation does not have (error.type of
-            # a call that completed), left out as the conventions ask.
-            attrs = {k: v for k, v in zip(keys, values, strict=True) if v}
-            if len(self._attrs) < 10_000:  # series are few (statuses, limits, tools, models)
-                self._attrs[key] = attrs
-        return attrs
-
-    def record(self, metric: n.Metric, value: float, values: tuple[str, ...]) -> None:
-        """Add to the metric's counter (at the next flush) or record in its histogram."""
-        fn = self._bound.get((metric.name, values))
-        if fn is None:
-            fn = self._bind(metric, values)
-        fn(value)
-
-    def _bind(self, metric: n.Metric, values: tuple[str, ...]) -> Callable[[float], None]:
-        key = (metric.name, values)
-        if metric.kind == "counter":
-            pending, lock, schedule = self._pending, self._lock, self._schedule
-
-            def fn(value: float) -> None:
-                with lock:
-                    first = not pending
-                    pending[key] = pending.get(key, 0) + value
-                if first:
-                    schedule()
-        elif not metric.attributes:  # no attribute dict at all: the SDK's cheapest path
-            fn = self._instruments[metric.name]
-        else:
-            fn = functools.partial(self._instruments[metric.name],
-                                   attributes=self._attributes(metric.name, metric.attributes,
-                                                               values))
-
-        if len(self._bound) < 10_000:
-            self._bound[key] = fn
-        return fn
-
-    def flush(self) -> None:
-        """Give the summed counter additions to the SDK."""
-        with self._lock:
-            if not self._pending:
-                return
-            # Emptied in place: the bound counters of ``_bind`` hold this very dict.
-            pending = dict(self._pending)
-            self._pending.clear()
-        keys = {m.name: m.attributes for m in n.METRICS}
-        for (name, values), total in pending.items():
-            self._instruments[name](total, self._attributes(name, keys[name], values))
 
 
 class Telemetry:
@@ -205,11 +82,12 @@ class Telemetry:
     global providers (the default) and without an SDK, ``observe`` returns at once (it looks
     for an SDK again at most once a second); with one, spans follow the GenAI conventions
     (``invoke_agent``, ``chat {model}``, ``execute_tool {tool}``) and the metrics are those of
-    ``boundloop.telemetry.names.METRICS``. The projection is kept off the loop's path: the
-    events of each commit wait in one queue (in commit order, so a child run's span finds its
-    parent's tool span), and a projector thread works through them while the journal waits
-    for its disk, when the loop would be idle anyway; whatever is left is projected when the
-    run ends, before its result is given, so a run's spans have ended and been exported (by a
+    ``boundloop.telemetry.names.METRICS``. The projection is kept out of the loop: the events
+    of each commit wait in one queue (in commit order, so a child run's span finds its
+    parent's tool span); once ``WAKE_AT`` commits' events wait, a projector thread works
+    through them while the journal waits for its disk, when the loop would be idle anyway;
+    whatever is left is projected within ``FLUSH_S`` or when the run ends, before its result
+    is given, so a run's spans have ended and been exported (by a
     synchronous span processor) when ``run`` returns. A run's span is a child of the span
     current where it was started (``link``), and while its model calls and tool handlers run,
     their ``chat`` and ``execute_tool`` spans are current (``chat_context``,
@@ -395,8 +273,7 @@ class Telemetry:
                     link = RunLink(up.trace_id, up.flags, ctx, False, linkable, run_id)
                 else:
                     trace_id = self._new_trace_id()
-                    link = RunLink(trace_id, self._root_flags(trace_id), ctx, False,
-                                   linkable, run_id)
+                    link = RunLink(trace_id, self._root_flags, ctx, False, linkable, run_id)
             self._links[run_id] = link
         except Exception:  # noqa: BLE001 - telemetry never fails a run
             self._complain("linking run %r to its caller's trace", run_id)
@@ -410,12 +287,17 @@ class Telemetry:
 
     def _root_flags(self, trace_id: int) -> TraceFlags:
         """Whether the root span of trace ``trace_id`` will be sampled: asked of the tracer's
-        sampler now (the projection asks it again, with the same trace id, later), so what
-        handlers make under the run's spans is sampled with them."""
+        sampler when a run's link is first asked (the projection asks it again, with the same
+        trace id, later), so what handlers make under the run's spans is sampled with them.
+        Called from whatever thread reads a current span first: it never raises."""
         sampler = getattr(self._tracer, "sampler", None)
         if sampler is None:
             return _SAMPLED
-        result = sampler.should_sample(_NO_PARENT, trace_id, n.SPAN_RUN, SpanKind.INTERNAL)
+        try:
+            result = sampler.should_sample(_NO_PARENT, trace_id, n.SPAN_RUN, SpanKind.INTERNAL)
+        except Exception:  # noqa: BLE001 - telemetry never fails a run (nor its handlers)
+            self._complain("asking the sampler of trace %032x", trace_id)
+            return _SAMPLED
         return _SAMPLED if result.decision.is_sampled() else _UNSAMPLED
 
     def chat_context(self, run_id: str, step: int) -> Context | None:
@@ -443,8 +325,8 @@ class Telemetry:
     def before_sync(self) -> None:
         """The journal is about to wait for its disk (or server): a good moment to project
         what waits, on the projector thread, while the committing thread waits without the
-        interpreter lock. Costs ~0.1 µs when nothing waits."""
-        if not self._pending:
+        interpreter lock, once ``WAKE_AT`` commits' events wait. Costs ~0.1 µs otherwise."""
+        if len(self._pending) < WAKE_AT:
             return
         self._sync_started = time.perf_counter()
         if self._projector is None:
@@ -504,13 +386,22 @@ class Telemetry:
             finally:
                 self._lock.release()
 
-    def _drain(self) -> None:
-        """Project everything that waits, in order (under ``_lock``)."""
+    def _drain(self, commits: bool = True) -> None:
+        """Project everything that waits, in order (under ``_lock``), and record the journal
+        commits noted (unless ``commits`` is False: a run's end leaves them to the flush,
+        within ``FLUSH_S``, or the projector; the run's result need not wait for them)."""
         pending = self._pending
         while pending:
             run_id, events, model = pending.popleft()
+            if pending and pending[0][0] == run_id:
+                # A run's commits that wait one after another are projected in one go (a
+                # W1 run's seven, at its end): one call, not one a commit. A new list: the
+                # observed ones are the callers'.
+                events = list(events)
+                while pending and pending[0][0] == run_id:
+                    events += pending.popleft()[1]
             self._project(run_id, events, model, None)
-        if self._commits:
+        if commits and self._commits:
             self._record_commits()
 
     def _project(self, run_id: str, events: Sequence[ev.Event], model: Any,
@@ -532,9 +423,9 @@ class Telemetry:
         """Note one durable journal commit: its latency and the appends it carried.
 
         Made for the journal's writer thread, the group commit's critical path: it only
-        queues the figures (~0.1 µs); they are recorded with the next projection (which
-        follows every commit) or ``flush``, so the SDK's ~6 µs a measurement is paid off
-        the writer. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself
+        queues the figures (~0.1 µs); they are recorded by the projector or ``flush`` (within
+        ``FLUSH_S``), so the SDK's ~6 µs a measurement is paid off the writer and off the
+        run's end. At most ``MAX_PENDING_COMMITS`` wait; past that it records them itself
         (unless a projection is under way: that one records them). It also keeps the
         average commit latency the projector's budget is a share of (``SYNC_SHARE``).
         """
@@ -615,7 +506,8 @@ class Telemetry:
         with self._lock:
             self._wanted = False
             try:
-                self._drain()  # this run's events and all observed before them, in order
+                # This run's events and all observed before them, in order.
+                self._drain(commits=False)
                 projection = self._projection
                 if projection.release(run_id, status, time.time()) and \
                         projection.sink is not None:
