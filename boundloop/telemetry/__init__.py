@@ -7,7 +7,8 @@ to nothing. ``boundloop.telemetry.names`` lists every span, attribute and metric
 metrics on a Prometheus registry the application passes.
 """
 
+from boundloop.telemetry._state import Fanout, Sink
 from boundloop.telemetry._telemetry import OtelMetrics, Telemetry
-from boundloop.telemetry.projection import Fanout, Projection, Sink
+from boundloop.telemetry.projection import Projection
 
 __all__ = ["Telemetry", "Sink", "OtelMetrics", "Fanout", "Projection"]

@@ -29,7 +29,8 @@ from boundloop.errors import ConfigError
 from boundloop.telemetry import names as n
 from boundloop.telemetry._links import FixedIds, RunLink, install
 from boundloop.telemetry._metrics import OtelMetrics, instruments, meter
-from boundloop.telemetry.projection import Fanout, Projection, Sink, StateView
+from boundloop.telemetry._state import Fanout, Sink, StateView
+from boundloop.telemetry.projection import Projection
 
 __all__ = ["OtelMetrics", "Telemetry", "instruments", "meter"]
 

@@ -41,9 +41,6 @@ from boundloop.telemetry._state import (
     _ERROR_STATUSES,
     _INTERNAL,
     Attrs,
-    AttrValue,
-    CallView,
-    Fanout,
     Sink,
     StateView,
     _agent_attrs,
@@ -56,9 +53,6 @@ from boundloop.telemetry._state import (
     provider_name,
 )
 from boundloop.telemetry._steps import Steps
-
-__all__ = ["AttrValue", "Attrs", "CallView", "Fanout", "Projection", "Sink", "StateView",
-           "content", "max_tokens_of", "model_name", "provider_name"]
 
 
 class Projection(Steps, Calls):
