@@ -23,6 +23,7 @@ from boundloop.core.budget import (
     Price,
     Usage,
 )
+from boundloop.core.effects import ChargeTree
 from boundloop.core.replay import RunState
 from boundloop.core.rules import Attempt as Attempt
 from boundloop.messages import (
@@ -147,19 +148,12 @@ class Reconcile(msgspec.Struct):
 
 
 class Ledger(msgspec.Struct):
-    """Settle with the budget authority: charge own spend since the last time, reserve
-    ``reserve`` tool calls; the reply is a LedgerReply (what descendants spent, whether the
-    reservation was granted, what the ancestors have left). ``close`` forgets the run."""
+    """``core``'s ``ChargeTree`` for run ``run_id``, to the budget authority; the reply is
+    a LedgerReply (what descendants spent, whether the reservation was granted, what the
+    ancestors have left)."""
 
     run_id: str
-    reserve: int = 0
-    tool_calls: int = 0
-    usage: Usage | None = None
-    close: bool = False
-    #: Own calls by tool since the last time (part of ``tool_calls``), and the calls of
-    #: the batch to reserve by tool (part of ``reserve``), for per-tool caps.
-    tools: dict[str, int] = msgspec.field(default_factory=dict)
-    reserve_tools: dict[str, int] = msgspec.field(default_factory=dict)
+    charge: ChargeTree
 
 
 class CallUser(msgspec.Struct):

@@ -277,8 +277,7 @@ class Driver:
 
     def ledger(self, effect: fx.ChargeTree) -> Ledger:
         """The run tree's ledger effect for ``effect``."""
-        return Ledger(self.spec.run_id, effect.reserve, effect.tool_calls, effect.usage,
-                      effect.close, effect.tools, effect.reserve_tools)
+        return Ledger(self.spec.run_id, effect)
 
     # -- effects ---------------------------------------------------------------------------
     def inline(self, effect: fx.Effect) -> fact.Input | None:

@@ -24,6 +24,7 @@ from boundloop.core.budget import (
     remaining,
     smaller,
 )
+from boundloop.core.effects import ChargeTree
 from boundloop.loop import Ledger
 
 
@@ -84,8 +85,8 @@ class BudgetActor(Actor):
                         message.parent, message.budget, message.tool_calls, message.usage,
                         caps=dict(message.caps), tool_counts=dict(message.tool_counts))
             case Settle(ledger=ledger, reply=reply):
-                answer = self._settle(ledger)
-                if ledger.close:
+                answer = self._settle(ledger.run_id, ledger.charge)
+                if ledger.charge.close:
                     self.nodes.pop(ledger.run_id, None)
                 reply(answer)
             case Left(run_id=run_id):
@@ -146,26 +147,26 @@ class BudgetActor(Actor):
                             smaller(left.cost, r.cost))
         return left
 
-    def _settle(self, m: Ledger) -> LedgerReply:
+    def _settle(self, run_id: str, m: ChargeTree) -> LedgerReply:
         if m.tool_calls or m.usage is not None or m.tools:
-            self._charge(m.run_id, m.tool_calls, m.usage or Usage(), m.tools)
+            self._charge(run_id, m.tool_calls, m.usage or Usage(), m.tools)
         granted = True
         tools_granted: dict[str, int] = {}
         tool_caps: dict[str, int] = {}
         if m.reserve:
-            room = self._left(m.run_id, include_self=False).tool_calls
+            room = self._left(run_id, include_self=False).tool_calls
             granted = room is None or room >= m.reserve
             if granted:
                 # Per-tool caps: atomically with the tool calls, so parallel children of
                 # one run can never together exceed an ancestor's cap. Every call of the
                 # batch counts (a call the cap denies too, as tool_calls counts it).
-                for tool, (left, cap) in self._tool_room(m.run_id, m.reserve_tools).items():
+                for tool, (left, cap) in self._tool_room(run_id, m.reserve_tools).items():
                     tools_granted[tool] = min(m.reserve_tools[tool], left)
                     tool_caps[tool] = cap
-                self._charge(m.run_id, m.reserve, Usage(), m.reserve_tools)
-        node = self.nodes.get(m.run_id)
+                self._charge(run_id, m.reserve, Usage(), m.reserve_tools)
+        node = self.nodes.get(run_id)
         children = list(node.unfolded.values()) if node is not None else []
         if node is not None:
             node.unfolded = {}
-        return LedgerReply(granted, children, self._left(m.run_id, include_self=False),
+        return LedgerReply(granted, children, self._left(run_id, include_self=False),
                            tools_granted, tool_caps)
