@@ -452,11 +452,10 @@ class Driver:
 
     # -- the step's reservation --------------------------------------------------------
     def reservation(self) -> Generator[Effect, Any, fact.Input]:
-        """The step's reservation: the runner's estimator (run on a worker), else
-        ceil(history JSON bytes / 4) input tokens plus the model's declared output maximum."""
+        """The step's reservation by the runner's estimator (run on a worker); without one,
+        ``default_estimate`` is made in place (``inline``)."""
         spec = self.spec
-        if spec.estimator is None:
-            return self.default_estimate()
+        assert spec.estimator is not None  # else the default estimate was made in place
         reply = yield CallUser(spec.estimator, (copy_history(self.machine.state.transcript),
                                                 spec.model), self.deadline, spec.cancel)
         if reply.abandoned is not None:
