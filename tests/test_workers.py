@@ -147,3 +147,39 @@ def test_a_pool_future_has_a_repr_and_one_outcome() -> None:
     with pytest.raises(InvalidStateError):
         f.set_exception(KeyError("x"))
     assert f.result() == 1
+
+
+def test_a_thread_the_pool_starts_does_not_hold_up_calls_ending_on_its_other_threads(
+        pool: Pool) -> None:
+    """Thread.start() waits until the new thread runs, which takes milliseconds under load.
+    The pool used to start compensating threads under its lock, which every thread ending a
+    call takes: in the soak, the executor actor waited seconds in compensate() and retried
+    calls were reported seconds late, past their runs' deadlines."""
+    starting, go_on = threading.Event(), threading.Event()
+    real_start = threading.Thread.start
+
+    def slow_start(self: threading.Thread) -> None:
+        if self.name.startswith("test-pool"):
+            starting.set()
+            go_on.wait(10)
+        real_start(self)
+
+    held = threading.Event()
+    with mock.patch.object(threading.Thread, "start", slow_start):
+        waiter = pool.submit(lambda: pool_blocking(pool, held))
+        assert starting.wait(5), "the pool did not start a thread to compensate the waiter"
+        # While that thread is being started, a call runs and ends on the pool's other
+        # thread, which takes the pool's lock to do so.
+        t0 = time.monotonic()
+        assert pool.submit(lambda: 42).result(timeout=15) == 42
+        took = time.monotonic() - t0
+        go_on.set()
+    held.set()
+    assert waiter.result(timeout=5) is None
+    assert took < 2, f"calls waited {took:.1f} s for a thread being started"
+    assert pool.threads >= 2
+
+
+def pool_blocking(pool: Pool, held: threading.Event) -> None:
+    with pool.blocking():
+        held.wait(10)

@@ -167,20 +167,32 @@ class Pool:
         self._closed = False
         self.peak = 0  # the most threads this pool ever ran at once
         with self._lock:
-            for _ in range(threads):
-                self._spawn()
+            names = [self._reserve() for _ in range(threads)]
+        self._start(names)
 
     @property
     def threads(self) -> int:
         """Threads alive now."""
         return self._live
 
-    def _spawn(self) -> None:
-        # Under self._lock.
+    def _reserve(self) -> str:
+        # Under self._lock: one thread more counts as live now; the caller starts it with
+        # _start once it has let go of the lock. Thread.start() waits until the new thread
+        # runs, which under load takes milliseconds: under the lock, it stalled every
+        # thread ending a call and the executor actor compensating one (seen in the soak).
         self._live += 1
         self.peak = max(self.peak, self._live)
-        threading.Thread(target=self._work, name=f"{self._name}-{next(self._serial)}",
-                         daemon=True).start()
+        return f"{self._name}-{next(self._serial)}"
+
+    def _start(self, names: list[str]) -> None:
+        # Not under self._lock: start the threads _reserve counted.
+        for i, name in enumerate(names):
+            try:
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+            except BaseException:
+                with self._lock:  # none of the rest will run: they are not live after all
+                    self._live -= len(names) - i
+                raise
 
     def _target(self) -> int:
         # Under self._lock: the threads the pool should have now. The cap bounds what
@@ -188,10 +200,11 @@ class Pool:
         # number of parents may wait on their children at once (SPEC 8).
         return min(self._size + self._extra + self._boost, self._cap) + self._waits
 
-    def _grow(self) -> None:
-        # Under self._lock: one thread more while it is owed.
+    def _grow(self) -> list[str]:
+        # Under self._lock: one thread more while it is owed (to _start after the lock).
         if not self._closed and self._live < self._target():
-            self._spawn()
+            return [self._reserve()]
+        return []
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
         """Run ``fn(*args, **kwargs)`` on a pool thread."""
@@ -218,6 +231,7 @@ class Pool:
     def _starved(self) -> None:
         """Calls still wait and every thread is still busy (handlers hanging with no
         timeout, say): one thread more, up to the cap; look again while it lasts."""
+        names: list[str] = []
         with self._lock:
             self._watching = False
             # Starved, not merely busy: calls wait and no thread took one all this time.
@@ -225,7 +239,8 @@ class Pool:
                 and len(self._running) >= self._live
             if starved and not self._closed and self._live < self._cap + self._waits:
                 self._boost += 1
-                self._spawn()
+                names.append(self._reserve())
+        self._start(names)
         if starved:
             self._watch()
 
@@ -235,8 +250,9 @@ class Pool:
         run), beyond the cap."""
         with self._lock:
             self._waits += 1
-            self._grow()
+            names = self._grow()
         try:
+            self._start(names)
             yield
         finally:
             with self._lock:
@@ -251,7 +267,8 @@ class Pool:
                 return
             item.compensated = True
             self._extra += 1
-            self._grow()
+            names = self._grow()
+        self._start(names)
 
     def _work(self) -> None:
         _local.pool = self
