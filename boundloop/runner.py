@@ -26,9 +26,10 @@ from boundloop._runner.base import MAX_NOTE as MAX_NOTE
 from boundloop._runner.base import RESUMABLE as RESUMABLE
 from boundloop._runner.people import People
 from boundloop._runner.settle import _settle_closed
+from boundloop._runner.starting import ADMIT_AHEAD
 from boundloop._runner.starting import new_run_id as new_run_id
 from boundloop._runner.submitting import Submitting
-from boundloop.actors.admission import AdmissionActor
+from boundloop.actors.admission import AdmissionActor, InFlight
 from boundloop.actors.budget import BudgetActor
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.hung_commits import Shard
@@ -193,7 +194,9 @@ class Runner(Submitting, People):
         self._workers = Workers(model_threads, tool_threads, self.clock, max_threads)
         self._executor = ExecutorActor.start(self._workers, self.telemetry)
         self._budget = BudgetActor.start()
-        self._admission = AdmissionActor.start(self._journal, max_in_flight)
+        self._in_flight = InFlight()
+        self._admitting = threading.BoundedSemaphore(ADMIT_AHEAD)
+        self._admission = AdmissionActor.start(self._journal, max_in_flight, self._in_flight)
         self._shards = [Shard() for _ in range(supervisors)]
         self._supervisors = [
             SupervisorActor.start(self._journal, self._executor, self._budget, self._workers,

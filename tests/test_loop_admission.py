@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ def test_second_concurrent_run_over_max_in_flight_is_rejected(journal_dir: Path)
         assert rejected.run_id == "second"
         assert (rejected.model_steps, rejected.tool_calls) == (0, 0)
         assert rejected.explanation
+        assert "max_in_flight=1" in rejected.explanation
+        # A refused run leaves nothing of it in flight here.
+        assert not runner.in_flight("second") and not runner.cancel("second")
         assert second.calls == 0
         if "second" in list(runner.journal.runs()):
             names = [type(e).__name__ for e in runner.journal.events("second")]
@@ -100,6 +104,96 @@ def test_second_concurrent_run_over_max_in_flight_is_rejected(journal_dir: Path)
         third = runner.run(model=bl.ScriptedModel([bl.Final("third")]), prompt="three")
         assert third.status == "final"
         journal_of(runner, third)
+
+
+def _admission_waits(runner: bl.Runner, gate: threading.Event, error: Exception | None = None,
+                     ) -> None:
+    """The journal's ``find``, when admission calls it, waits for ``gate`` (or raises
+    ``error`` for the run ``boom``)."""
+    find = runner.journal.find
+
+    def find_slowly(run_id: str) -> Any:
+        if threading.current_thread().name.startswith("AdmissionActor"):
+            if error is not None and run_id == "boom":
+                raise error
+            assert gate.wait(10)
+        return find(run_id)
+
+    runner.journal.find = find_slowly  # type: ignore[method-assign]
+
+
+def test_a_run_is_known_by_its_id_before_admission_has_decided(journal_dir: Path) -> None:
+    """Admission is told, not asked (#21): submit returns before it has decided, and the
+    run's id is known here at once all the same (in flight, cancellable, one run)."""
+    gate = threading.Event()
+    model = bl.ScriptedModel([bl.Final("never")])
+    with bl.Runner(journal_dir) as runner:
+        _admission_waits(runner, gate)
+        later: list[Future[bl.RunResult]] = []
+        try:
+            future = runner.submit(model=model, prompt="p", run_id="early")
+            assert not future.done()
+            assert runner.in_flight("early")
+            again = runner.submit(model=model, prompt="p", run_id="early")
+            # Backpressure: another run's submit waits while a run waits for admission.
+            second = threading.Thread(target=lambda: later.append(runner.submit(
+                model=bl.ScriptedModel([bl.Final("later")]), prompt="p", run_id="later")))
+            second.start()
+            second.join(0.3)
+            assert second.is_alive() and not later
+            assert runner.cancel("early", "changed my mind")
+        finally:
+            gate.set()
+        second.join(10)
+        result = future.result(10)
+        assert result.status == "cancelled", result
+        assert again.result(10).status == "cancelled"  # that run's, not a second one's
+        assert later[0].result(10).status == "final"
+        assert model.calls == 0
+        assert sorted(runner.journal.runs()) == ["early", "later"]
+        assert not runner.in_flight("early")
+        journal_of(runner, result)
+
+
+def test_a_submit_waiting_for_admission_is_let_go_when_the_runner_closes(
+        journal_dir: Path) -> None:
+    """Nothing waits forever: a caller held back while admission is busy gets a Future
+    settled with RunnerClosed once the runner closes."""
+    gate = threading.Event()
+    model = bl.ScriptedModel([bl.Final("never")])
+    runner = bl.Runner(journal_dir)
+    _admission_waits(runner, gate)
+    waiting: list[Future[bl.RunResult]] = []
+    first = runner.submit(model=model, prompt="p", run_id="first")
+    held = threading.Thread(target=lambda: waiting.append(
+        runner.submit(model=model, prompt="p", run_id="held")))
+    held.start()
+    held.join(0.3)
+    assert held.is_alive()
+    threading.Timer(1.0, gate.set).start()  # admission gets free while close() waits
+    runner.close(timeout=2)
+    held.join(5)
+    assert not held.is_alive()
+    with pytest.raises(bl.RunnerClosed):
+        waiting[0].result(5)
+    assert first.done()
+    assert model.calls == 0
+    with bl.Runner(journal_dir) as reopened:  # the held run never reached the journal
+        assert "held" not in list(reopened.journal.runs())
+
+
+def test_an_error_inside_admission_fails_that_run_and_admission_serves_on(
+        journal_dir: Path) -> None:
+    with bl.Runner(journal_dir, max_in_flight=1) as runner:
+        opened = threading.Event()
+        opened.set()
+        _admission_waits(runner, opened, RuntimeError("find broke"))
+        with pytest.raises(RuntimeError, match="find broke"):
+            runner.run(model=bl.ScriptedModel([bl.Final("x")]), prompt="p", run_id="boom")
+        assert not runner.in_flight("boom")
+        # The slot was never taken: the next run is admitted.
+        after = runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p")
+        assert after.status == "final"
 
 
 def test_an_existing_run_id_returns_that_run_and_runs_nothing(runner: bl.Runner) -> None:

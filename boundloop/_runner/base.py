@@ -12,7 +12,7 @@ from concurrent.futures import Future
 import pykka
 
 from boundloop import events as ev
-from boundloop.actors.admission import AdmissionActor
+from boundloop.actors.admission import AdmissionActor, InFlight
 from boundloop.actors.budget import BudgetActor
 from boundloop.actors.executor import ExecutorActor
 from boundloop.actors.hung_commits import Shard
@@ -74,6 +74,8 @@ class RunnerBase:
     _executor: pykka.ActorRef[ExecutorActor]
     _budget: pykka.ActorRef[BudgetActor]
     _admission: pykka.ActorRef[AdmissionActor]
+    _in_flight: InFlight
+    _admitting: threading.BoundedSemaphore
     _shards: list[Shard]
     _supervisors: list[pykka.ActorRef[SupervisorActor]]
 

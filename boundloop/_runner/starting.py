@@ -15,10 +15,10 @@ from typing import Any
 import pykka
 
 from boundloop._runner.base import RunnerBase
-from boundloop._runner.settle import _settle, _settle_closed
+from boundloop._runner.settle import _fail, _settle, _settle_closed
 from boundloop.actors.budget import Close, Left, Open
 from boundloop.actors.hung_commits import hung, watch
-from boundloop.actors.messages import Admit, Release, StartRun
+from boundloop.actors.messages import Admit, StartRun
 from boundloop.actors.workers import waiting
 from boundloop.agent import Agent, check_labels
 from boundloop.cancel import CancelToken
@@ -32,6 +32,15 @@ from boundloop.messages import Message, UserMessage, to_history
 from boundloop.policy.redact import Scrubber, storable
 from boundloop.results import RunResult
 from boundloop.tools import Tool
+
+#: How many runs one runner's callers may have waiting for admission before ``submit``
+#: waits for it. Admission is told, not asked, so this is the callers' backpressure: a
+#: caller submitting faster than admission decides waits as an ask did (with 8, a burst of
+#: hundreds of submits started at once and the soak's runs went past their deadlines on 2
+#: cores); one submitting at a slower pace (or one run at a time) never waits.
+ADMIT_AHEAD = 1
+#: How often a caller waiting for an admission slot looks whether the runner closed.
+ADMIT_LOOK_S = 0.1
 
 
 def _check_new(spec: RunSpec, prompt: str | None, history: Sequence[Any] | None) -> None:
@@ -130,50 +139,103 @@ class Starting(RunnerBase):
     def _start(self, spec: RunSpec, seq: int, resuming: bool = False) -> Future[RunResult]:
         self._here()
         future: Future[RunResult] = Future()
+        run_id = spec.run_id
         with self._lock:
             # Under the lock that close() takes: a run is either refused here or known to
-            # close(), which then settles its Future whatever happens below.
+            # close(), which then settles its Future whatever happens below. It stays in
+            # _pending until admission has decided (close() may come meanwhile).
             if self._closed:
                 raise RunnerClosed("this Runner is closed; create a new one")
             self._pending.add(future)
+            # Known here at once (cancel, in_flight, resume, a second submit of the id),
+            # unless another run of this id is: admission then refuses this one (or, that
+            # one gone meanwhile, admits it and registers it then: _admitted).
+            mine = run_id not in self._tokens
+            if mine:
+                self._tokens[run_id] = spec.cancel
+                self._futures[run_id] = future
+        if mine:
+            # Here, in the caller's thread or task: its current span is the run's parent.
+            self.telemetry.link(run_id, spec.parent_run_id)
         try:
-            try:
-                reason = self._admission.ask(Admit(spec.run_id, resuming), block=True)
-            except JournalError as exc:
-                _settle(future, self._refused(spec, "journal_unavailable",
-                                              f"It could not check the run's id ({exc})."))
-                return future
-            if reason is not None:
-                _settle(future, self._refused(spec, "rejected", reason))
-                return future
+            # Backpressure (ADMIT_AHEAD): one slot per run, given back by _admitted.
+            self._admit_slot()
+            # A tell, not an ask: this thread waits on the Future anyway, and admission
+            # hands an admitted run to its supervisor itself (2 hand-offs per run less
+            # than ask and tell from here: issue #21).
+            self._admission.tell(Admit(run_id, functools.partial(
+                self._admitted, spec, future, seq, mine), resuming))
+        except pykka.ActorDeadError:
+            self._admitting.release()
+            self._unstart(spec, future, mine)
+            _settle_closed(future)
+        except RunnerClosed:
+            self._unstart(spec, future, mine)
+            _settle_closed(future)
+        return future
+
+    def _admit_slot(self) -> None:
+        """Wait for one of the ADMIT_AHEAD slots of runs waiting for admission, or raise
+        RunnerClosed once the runner closes meanwhile."""
+        while not self._admitting.acquire(timeout=ADMIT_LOOK_S):
+            if self._closed:
+                raise RunnerClosed("this Runner closed while the run waited for admission")
+
+    def _admitted(self, spec: RunSpec, future: Future[RunResult], seq: int, mine: bool,
+                  reason: str | None, error: BaseException | None) -> None:
+        """Admission's answer, on its thread: refuse the run, or hand it to its supervisor."""
+        self._admitting.release()
+        run_id = spec.run_id
+        try:
+            if error is not None or reason is not None:
+                # Let go of the id first: the Future's callbacks (``_first``'s) look it up.
+                self._unstart(spec, future, mine)
+                if isinstance(error, JournalError):
+                    _settle(future, self._refused(
+                        spec, "journal_unavailable", f"It could not check the run's id ({error})."))
+                elif error is not None:
+                    _fail(future, error)
+                else:
+                    assert reason is not None
+                    _settle(future, self._refused(spec, "rejected", reason))
+                return
             with self._lock:
-                self._tokens[spec.run_id] = spec.cancel
-                self._futures[spec.run_id] = future
+                self._tokens[run_id] = spec.cancel
+                self._futures[run_id] = future
                 if self._closed:
                     spec.cancel.cancel("the runner is closing")
             # Cancelling the Future cancels the run (SPEC 1); it still ends in the journal.
             token, scrubber = spec.cancel, spec.scrubber
             future.add_done_callback(
                 lambda f: token.cancel("the caller cancelled the run's Future")
-                if f.cancelled() else self._keep_scrubber(spec.run_id, scrubber, f))
-            shard = zlib.crc32(spec.run_id.encode()) % len(self._supervisors)
-            # Here, in the caller's thread or task: its current span is the run's parent.
-            self.telemetry.link(spec.run_id, spec.parent_run_id)
+                if f.cancelled() else self._keep_scrubber(run_id, scrubber, f))
+            shard = zlib.crc32(run_id.encode()) % len(self._supervisors)
             self._supervisors[shard].tell(StartRun(spec, future, seq))
             deadline = run_deadline(spec, self.clock.monotonic())
             if deadline is not None:
                 # A commit that hangs (its supervisor's, even before it takes the run up)
                 # cannot keep it past its deadline (SPEC 1).
                 spec_ref, future_ref = weakref.ref(spec), weakref.ref(future)
-                watch(self._shards[shard], self._workers.timer, spec.run_id, deadline,
+                watch(self._shards[shard], self._workers.timer, run_id, deadline,
                       future_ref, lambda took: self._dropped(spec_ref, future_ref, took))
         except pykka.ActorDeadError:
-            self.telemetry.release(spec.run_id)
+            self.telemetry.release(run_id)
             _settle_closed(future)
+        except Exception as exc:  # noqa: BLE001 - this run fails; admission serves on
+            _fail(future, exc)
+            raise
         finally:
             with self._lock:
                 self._pending.discard(future)
-        return future
+
+    def _unstart(self, spec: RunSpec, future: Future[RunResult], mine: bool) -> None:
+        """A run that did not start: it no longer stands for its id here."""
+        with self._lock:
+            self._pending.discard(future)
+            if not mine or self._futures.get(spec.run_id) is not future:
+                return
+            del self._tokens[spec.run_id], self._futures[spec.run_id]
+        self.telemetry.release(spec.run_id)
 
     def _run_child(self, link: ParentLink, execution_id: str, model: Any,
                    tools: Sequence[Any] = (), prompt: str | None = None, *,
@@ -235,4 +297,5 @@ class Starting(RunnerBase):
         with self._lock:
             self._tokens.pop(run_id, None)
             self._futures.pop(run_id, None)
-        self._admission.tell(Release(run_id))
+        # Its slot is free before its Future is settled (no message to admission: #21).
+        self._in_flight.discard(run_id)

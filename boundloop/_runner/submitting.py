@@ -57,6 +57,11 @@ class Submitting(Resuming):
                labels: dict[str, str] | None = None) -> Future[RunResult]:
         """Start a run and return a Future of its RunResult.
 
+        It returns without waiting for admission to decide, unless another run this caller
+        (or any) submitted still waits for it: then it waits for that one first, so a burst
+        of submits is paced by admission. A run admission refuses gets a Future settled
+        ``rejected``.
+
         Args:
             model: ``(history, ctx) -> response`` (SPEC 2), sync or async; or a
                 ``bl.Agent``, whose model, tools, budget and permit the run uses (those

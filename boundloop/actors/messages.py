@@ -39,13 +39,11 @@ class DispatchBatch(msgspec.Struct):
 
 
 class Admit(msgspec.Struct):
-    """Admission: may this run start? The answer is None, or why not."""
+    """Admission: may this run start? Answered by calling ``reply`` (on admission's thread)
+    with ``(None, None)`` when admitted, ``(why not, None)`` when refused, or ``(None,
+    error)`` when admission could not decide (the journal could not be read). Admission
+    takes ``reply`` out of the message as it answers."""
 
     run_id: str
+    reply: Callable[[str | None, BaseException | None], None]
     resuming: bool = False
-
-
-class Release(msgspec.Struct):
-    """Admission: this run is no longer in flight."""
-
-    run_id: str
