@@ -269,3 +269,31 @@ def test_journal_lost_before_the_intent_is_recorded_dispatches_nothing(
     assert ran == []
     assert [m.kind for m in result.transcript] == ["user"]
     assert result.explanation
+
+
+def test_a_failure_handing_an_admitted_run_on_fails_that_run_and_admission_serves_on(
+        journal_dir: Path) -> None:
+    """Admission hands an admitted run to its supervisor on its own thread (#21): what fails
+    there fails that run's Future, and does not stop admission (pykka stops an actor that
+    raises on a tell, and every later run would be refused)."""
+    with bl.Runner(journal_dir) as runner:
+        timer = runner._workers.timer
+        at = timer.at
+
+        def broken_at(when: float, fn: Any) -> None:
+            if threading.current_thread().name.startswith("AdmissionActor"):
+                raise RuntimeError("the timer broke")
+            at(when, fn)
+
+        timer.at = broken_at  # type: ignore[method-assign]
+        try:
+            first = runner.submit(model=bl.ScriptedModel([bl.Final("x")]), prompt="p",
+                                  budget=bl.Budget(deadline_s=30), run_id="broken")
+            with pytest.raises(RuntimeError, match="the timer broke"):
+                first.result(10)
+        finally:
+            timer.at = at  # type: ignore[method-assign]
+        after = runner.run(model=bl.ScriptedModel([bl.Final("ok")]), prompt="p",
+                           budget=bl.Budget(deadline_s=30))
+        assert after.status == "final", after
+        assert runner._admission.is_alive()

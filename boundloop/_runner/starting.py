@@ -183,10 +183,12 @@ class Starting(RunnerBase):
 
     def _admitted(self, spec: RunSpec, future: Future[RunResult], seq: int, mine: bool,
                   reason: str | None, error: BaseException | None) -> None:
-        """Admission's answer, on its thread: refuse the run, or hand it to its supervisor."""
-        self._admitting.release()
+        """Admission's answer, on its thread: refuse the run, or hand it to its supervisor.
+        Nothing raised here may leave it: admission would stop (pykka stops an actor that
+        raises on a tell), and with it every later run."""
         run_id = spec.run_id
         try:
+            self._admitting.release()
             if error is not None or reason is not None:
                 # Let go of the id first: the Future's callbacks (``_first``'s) look it up.
                 self._unstart(spec, future, mine)
@@ -223,7 +225,6 @@ class Starting(RunnerBase):
             _settle_closed(future)
         except Exception as exc:  # noqa: BLE001 - this run fails; admission serves on
             _fail(future, exc)
-            raise
         finally:
             with self._lock:
                 self._pending.discard(future)
