@@ -48,6 +48,7 @@ import pykka  # noqa: E402
 
 import boundloop as bl  # noqa: E402
 from boundloop import events as ev  # noqa: E402
+from boundloop._runner import starting as bl_starting  # noqa: E402
 from boundloop.actors import workers as bl_workers  # noqa: E402
 from boundloop.journal import chain, codec  # noqa: E402
 from boundloop.journal import lmdb as bl_lmdb  # noqa: E402
@@ -211,7 +212,8 @@ def hop_cpu_us(n: int) -> float:
 class HandOffs:
     """Counts messages that cross threads while installed: a tell/ask to an actor from
     another thread, a call handed to a model or tool pool, an append handed to the journal's
-    writer thread, and a run's result handed back to the caller."""
+    writer thread, a caller waiting for admission (submit's backpressure), and a run's
+    result handed back to the caller."""
 
     def __init__(self) -> None:
         self.count = 0
@@ -228,8 +230,10 @@ class HandOffs:
         actor = pykka.Actor
         pool = bl_workers.Pool
         journal = bl_lmdb.LmdbJournal
-        saved = (ref.tell, ref.ask, actor._handle_receive, pool.submit, journal.submit)
-        tell, ask, handle, submit, jsubmit = saved
+        runner = bl_starting.Starting
+        saved = (ref.tell, ref.ask, actor._handle_receive, pool.submit, journal.submit,
+                 runner._admit_slot)
+        tell, ask, handle, submit, jsubmit, slot = saved
         homes, bump = self._homes, self._bump
 
         def counted_handle(self_: Any, message: Any) -> Any:
@@ -253,14 +257,23 @@ class HandOffs:
             bump()
             return jsubmit(self_, *a, **kw)
 
+        def counted_slot(self_: Any) -> None:
+            # A caller that must wait for admission (submit's backpressure) is woken by it.
+            if self_._admitting.acquire(blocking=False):
+                return
+            bump()
+            slot(self_)
+
         ref.tell, ref.ask = counted_tell, counted_ask  # type: ignore[method-assign]
+        runner._admit_slot = counted_slot  # type: ignore[method-assign]
         actor._handle_receive = counted_handle  # type: ignore[method-assign]
         pool.submit = counted_submit  # type: ignore[method-assign]
         journal.submit = counted_jsubmit  # type: ignore[method-assign]
         try:
             yield self
         finally:
-            ref.tell, ref.ask, actor._handle_receive, pool.submit, journal.submit = saved  # type: ignore[method-assign]
+            (ref.tell, ref.ask, actor._handle_receive, pool.submit, journal.submit,  # type: ignore[method-assign]
+             runner._admit_slot) = saved  # type: ignore[method-assign]
 
 
 # -- boundloop's loop --------------------------------------------------------------------------
