@@ -367,3 +367,51 @@ def test_a_child_forked_while_a_submit_waits_for_admission_is_refused_at_once(
         runner.close(timeout=2)
     with bl.Runner(journal_dir) as reopened:
         assert sorted(reopened.journal.runs()) == ["first", "held"]
+
+
+class _Interrupting:
+    """Stands in for a runner's admission slots or admission actor: raises
+    KeyboardInterrupt (Ctrl-C in the submitting thread) from ``name``."""
+
+    def __init__(self, real: Any, name: str) -> None:
+        self.real, self.name = real, name
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr == self.name:
+            def interrupted(*args: Any, **kwargs: Any) -> Any:
+                raise KeyboardInterrupt
+            return interrupted
+        return getattr(self.real, attr)
+
+
+@pytest.mark.parametrize("where", ["waiting for a slot", "telling admission"])
+def test_an_interrupted_submit_leaves_neither_its_id_nor_its_slot(journal_dir: Path,
+                                                                   where: str) -> None:
+    """Ctrl-C in a submit before its run reached admission: the id is not left in flight
+    with a Future nothing settles (a retry of the id got it and waited for ever), and the
+    admission slot is not lost (every later submit waited for ever)."""
+    with bl.Runner(journal_dir) as runner:
+        if where == "waiting for a slot":
+            real: Any = runner._admitting
+            runner._admitting = _Interrupting(real, "acquire")  # type: ignore[assignment]
+        else:
+            real = runner._admission
+            runner._admission = _Interrupting(real, "tell")  # type: ignore[assignment]
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                runner.submit(model=_final("x"), prompt="p", run_id="retry-me")
+        finally:
+            if where == "waiting for a slot":
+                runner._admitting = real
+            else:
+                runner._admission = real
+        assert not runner.in_flight("retry-me")
+        assert not runner.cancel("retry-me")
+        out: list[Future[bl.RunResult]] = []
+        again = threading.Thread(target=lambda: out.append(runner.submit(
+            model=_final("again"), prompt="p", run_id="retry-me")), daemon=True)
+        again.start()
+        again.join(WAIT_S)
+        assert not again.is_alive(), "the admission slot was lost"
+        assert out[0].result(WAIT_S).status == "final"
+        assert list(runner.journal.runs()) == ["retry-me"]

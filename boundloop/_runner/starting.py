@@ -179,6 +179,17 @@ class Starting(RunnerBase):
         except RunnerClosed:
             self._unstart(spec, future, mine)
             _settle_closed(future)
+        except BaseException:
+            # Interrupted (KeyboardInterrupt while it waited for a slot): the run never
+            # reached admission. Its slot and its id go back, or every later submit would
+            # wait for the slot, and a retry of the id would follow this Future, which
+            # nothing settles; a caller that found it by its id meanwhile gets a refusal.
+            if slot:
+                self._admitting.release()
+            self._unstart(spec, future, mine)
+            _settle(future, self._refused(spec, "rejected",
+                                          "the submit that started it was interrupted"))
+            raise
         return future
 
     def _admit_slot(self) -> bool:
