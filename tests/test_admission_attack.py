@@ -415,3 +415,33 @@ def test_an_interrupted_submit_leaves_neither_its_id_nor_its_slot(journal_dir: P
         assert not again.is_alive(), "the admission slot was lost"
         assert out[0].result(WAIT_S).status == "final"
         assert list(runner.journal.runs()) == ["retry-me"]
+
+
+@pytest.mark.xfail(strict=True, reason="a refused run's Future is settled on admission's "
+                   "thread: a callback there that waits for another run stalls admission")
+def test_a_callback_of_a_refused_run_may_wait_for_another_run(journal_dir: Path) -> None:
+    """Before admission was told (#21), a refused run's callbacks ran in the submitting
+    thread; now they run on admission's, and one that waits for a run it submitted (or
+    for anything slow) holds every admission of the runner meanwhile."""
+    gate = threading.Event()
+    runner = bl.Runner(journal_dir)
+    try:
+        _admission_waits(runner, gate, bl.JournalUnavailable("the disk is away"))
+        got: list[str] = []
+        done = threading.Event()
+
+        def retry_and_wait(f: Future[bl.RunResult]) -> None:
+            try:
+                again = runner.submit(model=_final("again"), prompt="p", run_id="again")
+                got.append(again.result(2).status)
+            finally:
+                done.set()
+
+        refused = runner.submit(model=_final("x"), prompt="p", run_id="boom")
+        refused.add_done_callback(retry_and_wait)
+        gate.set()
+        assert done.wait(WAIT_S)
+        assert got == ["final"]
+    finally:
+        gate.set()
+        runner.close(timeout=2)

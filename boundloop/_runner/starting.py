@@ -256,6 +256,7 @@ class Starting(RunnerBase):
         except Exception as exc:  # noqa: BLE001 - this run fails; admission serves on
             if not handed and reason is None and error is None:
                 self._finished(run_id)  # admitted, never started: nothing else lets go
+                self.telemetry.release(run_id)
             _fail(future, exc)
         finally:
             _answering.active = False
