@@ -151,6 +151,11 @@ class Starting(RunnerBase):
             # _pending until admission has decided (close() may come meanwhile).
             if self._closed:
                 raise RunnerClosed("this Runner is closed; create a new one")
+            ahead = self._futures.get(run_id)
+            if ahead is not None and not resuming and spec.parent_run_id is None:
+                # A caller's id another caller started here since this one looked for it
+                # (``_existing``): that run is this id's (SPEC 14), not a run to refuse.
+                return ahead
             self._pending.add(future)
             # Known here at once (cancel, in_flight, resume, a second submit of the id),
             # unless another run of this id is: admission then refuses this one (or, that
