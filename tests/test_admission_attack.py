@@ -485,3 +485,26 @@ def test_two_submits_of_one_id_past_the_lookup_at_once_are_one_run(journal_dir: 
         assert [f.result(WAIT_S).status for f in futures] == ["final", "final"]
         kinds = [type(e).__name__ for e in runner.journal.events("same")]
         assert kinds.count("RunAdmitted") == 1
+
+
+def test_a_callback_of_a_refused_run_that_exits_does_not_stop_the_actors(
+        journal_dir: Path) -> None:
+    """A refused run's callback runs on admission's thread: a SystemExit it raises (a
+    sys.exit() meant for the caller's thread) made pykka stop every actor in the process,
+    this runner's and any other's; it ends nothing but that callback now."""
+    gate = threading.Event()
+    with bl.Runner(journal_dir) as runner:
+        _admission_waits(runner, gate, bl.JournalUnavailable("the disk is away"))
+
+        def leave(f: Future[bl.RunResult]) -> None:
+            raise SystemExit(3)
+
+        refused = runner.submit(model=_final("x"), prompt="p", run_id="boom")
+        assert not refused.done()
+        refused.add_done_callback(leave)
+        gate.set()
+        assert refused.result(WAIT_S).status == "journal_unavailable"
+        after = runner.submit(model=_final("ok"), prompt="p").result(WAIT_S)
+        assert after.status == "final", after
+        assert runner._admission.is_alive()
+        assert all(s.is_alive() for s in runner._supervisors)

@@ -258,7 +258,9 @@ class Starting(RunnerBase):
             self._finished(run_id)
             self.telemetry.release(run_id)
             _settle_closed(future)
-        except Exception as exc:  # noqa: BLE001 - this run fails; admission serves on
+        except BaseException as exc:  # noqa: BLE001 - this run fails; admission serves on
+            # BaseException too: a caller's callback of a refused run's Future runs here,
+            # and a SystemExit it raises would make pykka stop every actor in the process.
             if not handed and reason is None and error is None:
                 self._finished(run_id)  # admitted, never started: nothing else lets go
                 self.telemetry.release(run_id)
