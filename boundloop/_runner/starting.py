@@ -158,7 +158,8 @@ class Starting(RunnerBase):
                 return ahead
             self._pending.add(future)
             # Known here at once (cancel, in_flight, resume, a second submit of the id),
-            # unless another run of this id is: admission then refuses this one (or, that
+            # unless another run of this id is (this is a child or a resume, the only
+            # starts that get here then): admission then refuses this one (or, that
             # one gone meanwhile, admits it and registers it then: _admitted).
             mine = run_id not in self._tokens
             if mine:
