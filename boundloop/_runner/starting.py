@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 import time
 import weakref
 import zlib
@@ -41,6 +42,10 @@ from boundloop.tools import Tool
 ADMIT_AHEAD = 1
 #: How often a caller waiting for an admission slot looks whether the runner closed.
 ADMIT_LOOK_S = 0.1
+#: Set on admission's thread while it answers an ``Admit`` (``Starting._admitted``): a
+#: refused run's Future is settled there, and a callback of it that submits must not wait
+#: for a slot only this very thread gives back.
+_answering = threading.local()
 
 
 def _check_new(spec: RunSpec, prompt: str | None, history: Sequence[Any] | None) -> None:
@@ -146,9 +151,15 @@ class Starting(RunnerBase):
             # _pending until admission has decided (close() may come meanwhile).
             if self._closed:
                 raise RunnerClosed("this Runner is closed; create a new one")
+            ahead = self._futures.get(run_id)
+            if ahead is not None and not resuming and spec.parent_run_id is None:
+                # A caller's id another caller started here since this one looked for it
+                # (``_existing``): that run is this id's (SPEC 14), not a run to refuse.
+                return ahead
             self._pending.add(future)
             # Known here at once (cancel, in_flight, resume, a second submit of the id),
-            # unless another run of this id is: admission then refuses this one (or, that
+            # unless another run of this id is (this is a child or a resume, the only
+            # starts that get here then): admission then refuses this one (or, that
             # one gone meanwhile, admits it and registers it then: _admitted).
             mine = run_id not in self._tokens
             if mine:
@@ -157,38 +168,59 @@ class Starting(RunnerBase):
         if mine:
             # Here, in the caller's thread or task: its current span is the run's parent.
             self.telemetry.link(run_id, spec.parent_run_id)
+        slot = False
         try:
             # Backpressure (ADMIT_AHEAD): one slot per run, given back by _admitted.
-            self._admit_slot()
+            slot = self._admit_slot()
             # A tell, not an ask: this thread waits on the Future anyway, and admission
             # hands an admitted run to its supervisor itself (2 hand-offs per run less
             # than ask and tell from here: issue #21).
             self._admission.tell(Admit(run_id, functools.partial(
-                self._admitted, spec, future, seq, mine), resuming))
+                self._admitted, spec, future, seq, mine, slot), resuming))
         except pykka.ActorDeadError:
-            self._admitting.release()
+            if slot:
+                self._admitting.release()
             self._unstart(spec, future, mine)
             _settle_closed(future)
         except RunnerClosed:
             self._unstart(spec, future, mine)
             _settle_closed(future)
+        except BaseException:
+            # Interrupted (KeyboardInterrupt while it waited for a slot): the run never
+            # reached admission. Its slot and its id go back, or every later submit would
+            # wait for the slot, and a retry of the id would follow this Future, which
+            # nothing settles; a caller that found it by its id meanwhile gets a refusal.
+            if slot:
+                self._admitting.release()
+            self._unstart(spec, future, mine)
+            _settle(future, self._refused(spec, "rejected",
+                                          "the submit that started it was interrupted"))
+            raise
         return future
 
-    def _admit_slot(self) -> None:
+    def _admit_slot(self) -> bool:
         """Wait for one of the ADMIT_AHEAD slots of runs waiting for admission, or raise
-        RunnerClosed once the runner closes meanwhile."""
+        RunnerClosed once the runner closes meanwhile. On admission's own thread (a
+        callback of a refused run's Future that submits), take none and do not wait: only
+        that thread gives slots back. True when a slot was taken."""
+        if getattr(_answering, "active", False):
+            return False
         while not self._admitting.acquire(timeout=ADMIT_LOOK_S):
             if self._closed:
                 raise RunnerClosed("this Runner closed while the run waited for admission")
+        return True
 
     def _admitted(self, spec: RunSpec, future: Future[RunResult], seq: int, mine: bool,
-                  reason: str | None, error: BaseException | None) -> None:
+                  slot: bool, reason: str | None, error: BaseException | None) -> None:
         """Admission's answer, on its thread: refuse the run, or hand it to its supervisor.
         Nothing raised here may leave it: admission would stop (pykka stops an actor that
         raises on a tell), and with it every later run."""
         run_id = spec.run_id
+        _answering.active = True
+        handed = False
         try:
-            self._admitting.release()
+            if slot:
+                self._admitting.release()
             if error is not None or reason is not None:
                 # Let go of the id first: the Future's callbacks (``_first``'s) look it up.
                 self._unstart(spec, future, mine)
@@ -213,6 +245,7 @@ class Starting(RunnerBase):
                 if f.cancelled() else self._keep_scrubber(run_id, scrubber, f))
             shard = zlib.crc32(run_id.encode()) % len(self._supervisors)
             self._supervisors[shard].tell(StartRun(spec, future, seq))
+            handed = True  # from here, the run's end lets go of it (_finished)
             deadline = run_deadline(spec, self.clock.monotonic())
             if deadline is not None:
                 # A commit that hangs (its supervisor's, even before it takes the run up)
@@ -221,11 +254,20 @@ class Starting(RunnerBase):
                 watch(self._shards[shard], self._workers.timer, run_id, deadline,
                       future_ref, lambda took: self._dropped(spec_ref, future_ref, took))
         except pykka.ActorDeadError:
+            # Its supervisor is gone (stopped by close()): the run never started, and holds
+            # neither its id nor its in-flight slot.
+            self._finished(run_id)
             self.telemetry.release(run_id)
             _settle_closed(future)
-        except Exception as exc:  # noqa: BLE001 - this run fails; admission serves on
+        except BaseException as exc:  # noqa: BLE001 - this run fails; admission serves on
+            # BaseException too: a caller's callback of a refused run's Future runs here,
+            # and a SystemExit it raises would make pykka stop every actor in the process.
+            if not handed and reason is None and error is None:
+                self._finished(run_id)  # admitted, never started: nothing else lets go
+                self.telemetry.release(run_id)
             _fail(future, exc)
         finally:
+            _answering.active = False
             with self._lock:
                 self._pending.discard(future)
 
