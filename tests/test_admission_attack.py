@@ -563,14 +563,12 @@ def test_admission_errors_under_a_flood_settle_every_run_and_lose_no_slot(
         assert runner.run(model=_final("after"), prompt="p").status == "final"
 
 
-@pytest.mark.xfail(strict=True, reason="submitting.py _first: a lookup failing with other "
-                   "than JournalError (or _existing raising) after a refusal leaves the "
-                   "caller's Future unsettled for ever")
 def test_a_failed_lookup_after_a_refusal_settles_the_run(journal_dir: Path) -> None:
     """A run refused (max_in_flight) makes ``_first`` look the id up in the journal (was it
-    taken by another runner?): when that lookup raises other than JournalError, the
-    exception is swallowed by the Future's callback machinery and the Future submit
-    returned is never settled, not even by close() (it is not in ``_pending``)."""
+    taken by another runner?): when that lookup raised other than JournalError, the
+    exception was swallowed by the Future's callback machinery and the Future submit
+    returned was never settled, not even by close() (it is not in ``_pending``). Now the
+    refusal stands."""
     gate = threading.Event()
     entered = threading.Event()
 

@@ -100,17 +100,23 @@ class Submitting(Resuming):
         out: Future[RunResult] = Future()
 
         def admitted(f: Future[RunResult]) -> None:
-            if not f.cancelled() and f.exception() is None \
-                    and kinds.is_rejected(f.result().status) and f.result().model_steps == 0:
-                try:
-                    taken = self._journal.find(spec.run_id) is not None
-                except JournalError:
-                    taken = False
-                if taken:
-                    follower = self._existing(spec)
-                    if follower is not None:
-                        follower.add_done_callback(lambda g: _chain(g, out))
-                        return
+            try:
+                if not f.cancelled() and f.exception() is None \
+                        and kinds.is_rejected(f.result().status) \
+                        and f.result().model_steps == 0:
+                    try:
+                        taken = self._journal.find(spec.run_id) is not None
+                    except JournalError:
+                        taken = False
+                    if taken:
+                        follower = self._existing(spec)
+                        if follower is not None:
+                            follower.add_done_callback(lambda g: _chain(g, out))
+                            return
+            except Exception:  # noqa: BLE001 - a Future's callback: raised, it would be lost
+                # The follow-up lookup failed: the refusal stands, rather than a Future
+                # that nothing settles (it is no longer the runner's to settle at close()).
+                pass
             _chain(f, out)
 
         inner.add_done_callback(admitted)
