@@ -257,12 +257,14 @@ class HandOffs:
             bump()
             return jsubmit(self_, *a, **kw)
 
-        def counted_slot(self_: Any) -> None:
+        def counted_slot(self_: Any) -> bool:
             # A caller that must wait for admission (submit's backpressure) is woken by it.
+            if getattr(bl_starting._answering, "active", False):
+                return slot(self_)  # admission's own thread takes no slot
             if self_._admitting.acquire(blocking=False):
-                return
+                return True  # a slot taken: _admitted gives it back
             bump()
-            slot(self_)
+            return slot(self_)
 
         ref.tell, ref.ask = counted_tell, counted_ask  # type: ignore[method-assign]
         runner._admit_slot = counted_slot  # type: ignore[method-assign]
