@@ -9,7 +9,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -210,17 +210,6 @@ class Starting(RunnerBase):
                 raise RunnerClosed("this Runner closed while the run waited for admission")
         return True
 
-    def _off_admission(self, settle: Callable[[], None]) -> None:
-        """Settle a refused run's Future on a tool pool thread, not admission's: the
-        caller's callbacks run where it is settled, and one that waits (for a run it
-        submits, say) would hold every admission of the runner meanwhile. Here, when the
-        pool is closed (a closing runner's last refusals)."""
-        pool = self._workers.tool_pool
-        if pool.closed:
-            settle()
-        else:
-            pool.submit(settle)
-
     def _admitted(self, spec: RunSpec, future: Future[RunResult], seq: int, mine: bool,
                   slot: bool, reason: str | None, error: BaseException | None) -> None:
         """Admission's answer, on its thread: refuse the run, or hand it to its supervisor.
@@ -236,15 +225,13 @@ class Starting(RunnerBase):
                 # Let go of the id first: the Future's callbacks (``_first``'s) look it up.
                 self._unstart(spec, future, mine)
                 if isinstance(error, JournalError):
-                    refused = self._refused(
-                        spec, "journal_unavailable", f"It could not check the run's id ({error}).")
-                    self._off_admission(functools.partial(_settle, future, refused))
+                    _settle(future, self._refused(
+                        spec, "journal_unavailable", f"It could not check the run's id ({error})."))
                 elif error is not None:
-                    self._off_admission(functools.partial(_fail, future, error))
+                    _fail(future, error)
                 else:
                     assert reason is not None
-                    refused = self._refused(spec, "rejected", reason)
-                    self._off_admission(functools.partial(_settle, future, refused))
+                    _settle(future, self._refused(spec, "rejected", reason))
                 return
             with self._lock:
                 self._tokens[run_id] = spec.cancel
