@@ -203,28 +203,38 @@ def test_one_id_from_many_threads_is_one_run(journal_dir: Path) -> None:
         assert not runner.in_flight("same")
 
 
+def _flood(runner: bl.Runner, submitters: int, each: int, prefix: str,
+           ) -> dict[str, Future[bl.RunResult]]:
+    """``submitters`` threads, let go at once, each submit ``each`` runs (ids
+    ``{prefix}{thread}-{i}``) and return; the Futures by run id."""
+    futures: dict[str, Future[bl.RunResult]] = {}
+    lock = threading.Lock()
+    go = threading.Barrier(submitters)
+
+    def flood(n: int) -> None:
+        go.wait(WAIT_S)
+        for i in range(each):
+            run_id = f"{prefix}{n}-{i}"
+            f = runner.submit(model=_final("ok"), prompt="p", run_id=run_id)
+            with lock:
+                futures[run_id] = f
+
+    threads = [threading.Thread(target=flood, args=(n,), daemon=True)
+               for n in range(submitters)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S * 2)
+        assert not t.is_alive()
+    return futures
+
+
 def test_a_small_max_in_flight_under_a_flood_frees_every_slot(journal_dir: Path) -> None:
     """max_in_flight=2 and many submitters: refused runs hold nothing, every admitted
     run's end frees its slot, and a run after the flood is admitted."""
     with bl.Runner(journal_dir, max_in_flight=2) as runner:
-        futures: list[Future[bl.RunResult]] = []
-        lock = threading.Lock()
-        go = threading.Barrier(6)
-
-        def flood(n: int) -> None:
-            go.wait(WAIT_S)
-            for i in range(30):
-                f = runner.submit(model=_final("ok"), prompt="p", run_id=f"r{n}-{i}")
-                with lock:
-                    futures.append(f)
-
-        threads = [threading.Thread(target=flood, args=(n,), daemon=True) for n in range(6)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT_S * 2)
-            assert not t.is_alive()
-        results = [f.result(WAIT_S) for f in futures]
+        futures = _flood(runner, 6, 30, "r")
+        results = [f.result(WAIT_S) for f in futures.values()]
         assert {r.status for r in results} <= {"final", "rejected"}
         ran = {r.run_id for r in results if r.status == "final"}
         assert ran == set(runner.journal.runs())
@@ -530,23 +540,7 @@ def test_admission_errors_under_a_flood_settle_every_run_and_lose_no_slot(
             return find(run_id)
 
         runner.journal.find = flaky  # type: ignore[method-assign]
-        futures: dict[str, Future[bl.RunResult]] = {}
-        lock = threading.Lock()
-        go = threading.Barrier(5)
-
-        def flood(n: int) -> None:
-            go.wait(WAIT_S)
-            for i in range(20):
-                f = runner.submit(model=_final("ok"), prompt="p", run_id=f"e{n}-{i}")
-                with lock:
-                    futures[f"e{n}-{i}"] = f
-
-        threads = [threading.Thread(target=flood, args=(n,), daemon=True) for n in range(5)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT_S * 2)
-            assert not t.is_alive()
+        futures = _flood(runner, 5, 20, "e")
         statuses: dict[str, str] = {}
         for run_id, f in futures.items():
             try:

@@ -50,12 +50,11 @@ class AdmissionActor(Actor):
     does not wait (it waits on the run's Future anyway), and an admitted run is handed on
     from here (one hand-off per run less: issue #21)."""
 
-    def __init__(self, journal: Journal, max_in_flight: int,
-                 in_flight: InFlight | None = None) -> None:
+    def __init__(self, journal: Journal, max_in_flight: int, in_flight: InFlight) -> None:
         super().__init__()
         self.journal = journal
         self.max_in_flight = max_in_flight
-        self.in_flight = in_flight if in_flight is not None else InFlight()
+        self.in_flight = in_flight
 
     def on_receive(self, message: Any) -> Any:
         match message:

@@ -21,6 +21,22 @@ from boundloop.testing._contract_events import (
 )
 
 
+def _answers(journal: Journal, run_id: str, seq: int, events: Sequence[ev.Event],
+             within: float) -> list[BaseException | None]:
+    """Submit ``events`` and return what ``done`` was called with, once it was (within
+    ``within`` seconds: a store that never answers fails the test here)."""
+    box: list[BaseException | None] = []
+    flag = threading.Event()
+
+    def done(err: BaseException | None) -> None:
+        box.append(err)
+        flag.set()
+
+    journal.submit(run_id, seq, list(events), done)
+    assert flag.wait(within), f"done was never called within {within} s"
+    return box
+
+
 class ConcurrencyContract(ContractBase):
     """Group commit and close, with many threads appending at once."""
 
@@ -117,15 +133,7 @@ class ConcurrencyContract(ContractBase):
 
     def test_submit_reports_a_conflict_to_done(self, journal: Journal) -> None:
         journal.append("r1", 0, [admitted("r1")])
-        box: list[BaseException | None] = []
-        flag = threading.Event()
-
-        def done(err: BaseException | None) -> None:
-            box.append(err)
-            flag.set()
-
-        journal.submit("r1", 0, [step("r1", 1)], done)
-        assert flag.wait(30)
+        box = _answers(journal, "r1", 0, [step("r1", 1)], 30)
         assert len(box) == 1 and isinstance(box[0], bl.SequenceConflict)
         assert [s for s, _ in journal.read("r1")] == [1]
 
@@ -139,15 +147,7 @@ class ConcurrencyContract(ContractBase):
             journal.append("r1", 1, [step("r1", 1)])
         with pytest.raises(bl.JournalUnavailable):
             journal.append("new", 0, [admitted("new")])
-        box: list[BaseException | None] = []
-        flag = threading.Event()
-
-        def done(err: BaseException | None) -> None:
-            box.append(err)
-            flag.set()
-
-        journal.submit("r1", 1, [step("r1", 1)], done)
-        assert flag.wait(10), "done was never called after close"
+        box = _answers(journal, "r1", 1, [step("r1", 1)], 10)
         assert len(box) == 1 and isinstance(box[0], bl.JournalUnavailable)
         journal.close()  # closing twice is harmless
         assert journal.closed
