@@ -14,6 +14,10 @@ from boundloop.messages import AssistantMessage, CallMessage, CallTools, Message
 from boundloop.policy.redact import KEPT_FIELDS, Scrubber, same_value
 from boundloop.tools import Tool
 
+#: The events ``JournalForm.event`` redacts (or renames within) before it scrubs them.
+_REDACTED = frozenset({ev.CallDecided, ev.CallFailed, ev.CallSucceeded, ev.CallReconciled,
+                       ev.ModelStepCompleted, ev.RunAdmitted})
+
 
 class JournalForm:
     """Redacts a run's events: credential and sensitive fields of arguments and results
@@ -32,6 +36,9 @@ class JournalForm:
 
     def event(self, event: ev.Event, state: RunState) -> ev.Event:
         """The event as the journal stores it (``state``: the run's, before the event)."""
+        if type(event) not in _REDACTED:  # most of a round's events: only scrubbed
+            scrubbed_only: ev.Event = self.scrubber.struct(event, self._kept)[0]
+            return scrubbed_only
         replace = msgspec.structs.replace
         match event:
             case ev.CallDecided():

@@ -307,14 +307,27 @@ class Driver:
 
     def _perform(self, effect: fx.Effect) -> Generator[Effect, Any, fact.Input]:
         spec, m = self.spec, self.machine
+        # The effects of a round first (a class pattern is an isinstance check).
         match effect:
+            case fx.InvokeModel():
+                return (yield from self.invoke(effect))
+            case fx.StartCalls():
+                planned = [Planned(spec.run_id, c.execution_id, c.idempotency_key, c.call_id,
+                                   spec.tools[c.tool], self.kwargs.pop(c.execution_id, {}),
+                                   first_attempt=c.first_attempt, recorded=c.recorded)
+                           for c in effect.calls]
+                outcomes = yield Dispatch(planned, effect.max_parallel, self.deadline,
+                                          spec.cancel, effect.allowance, self.clock,
+                                          spec.run_child, self.link(effect.link_step),
+                                          epoch=m.state.epoch)
+                return fact.AttemptsEnded([
+                    fact.Ended(o.execution_id, self.attempts(o.attempts), o.skipped)
+                    for o in outcomes])
             case fx.ChargeTree():
                 reply = yield self.ledger(effect)
                 return fact.TreeReplied(reply)
             case fx.Estimate():
                 return (yield from self.reservation())
-            case fx.InvokeModel():
-                return (yield from self.invoke(effect))
             case fx.CheckCalls():
                 return (yield from self.check_calls(effect))
             case fx.AskApproval():
@@ -342,18 +355,6 @@ class Driver:
                     spec.run_id, rec.execution_id, rec.idempotency_key, rec.call_id,
                     spec.tools[rec.tool], {}, first_attempt=max(rec.attempt, 1) + 1))
                 return fact.Reconciled(took, self.result_fields(value) if took else None)
-            case fx.StartCalls():
-                planned = [Planned(spec.run_id, c.execution_id, c.idempotency_key, c.call_id,
-                                   spec.tools[c.tool], self.kwargs.pop(c.execution_id, {}),
-                                   first_attempt=c.first_attempt, recorded=c.recorded)
-                           for c in effect.calls]
-                outcomes = yield Dispatch(planned, effect.max_parallel, self.deadline,
-                                          spec.cancel, effect.allowance, self.clock,
-                                          spec.run_child, self.link(effect.link_step),
-                                          epoch=m.state.epoch)
-                return fact.AttemptsEnded([
-                    fact.Ended(o.execution_id, self.attempts(o.attempts), o.skipped)
-                    for o in outcomes])
         raise TypeError(f"no way to perform {type(effect).__name__}")
 
     def invoke(self, effect: fx.InvokeModel) -> Generator[Effect, Any, fact.Input]:

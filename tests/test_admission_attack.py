@@ -428,12 +428,10 @@ def test_an_interrupted_submit_leaves_neither_its_id_nor_its_slot(journal_dir: P
         assert list(runner.journal.runs()) == ["retry-me"]
 
 
-@pytest.mark.xfail(strict=True, reason="a refused run's Future is settled on admission's "
-                   "thread: a callback there that waits for another run stalls admission")
 def test_a_callback_of_a_refused_run_may_wait_for_another_run(journal_dir: Path) -> None:
     """Before admission was told (#21), a refused run's callbacks ran in the submitting
-    thread; now they run on admission's, and one that waits for a run it submitted (or
-    for anything slow) holds every admission of the runner meanwhile."""
+    thread; a refused Future with callbacks is now settled on the runner's settle pool, so
+    one that waits for a run it submitted (or for anything slow) holds up no admission."""
     gate = threading.Event()
     runner = bl.Runner(journal_dir)
     try:

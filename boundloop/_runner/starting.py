@@ -9,7 +9,7 @@ import threading
 import time
 import weakref
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -43,9 +43,18 @@ ADMIT_AHEAD = 1
 #: How often a caller waiting for an admission slot looks whether the runner closed.
 ADMIT_LOOK_S = 0.1
 #: Set on admission's thread while it answers an ``Admit`` (``Starting._admitted``): a
-#: refused run's Future is settled there, and a callback of it that submits must not wait
-#: for a slot only this very thread gives back.
+#: refused run's Future with no callbacks is settled there, and a callback added to it just
+#: then runs there; one that submits must not wait for a slot only this thread gives back.
 _answering = threading.local()
+
+
+def _has_callbacks(future: Future[Any]) -> bool:
+    """True when ``future`` has done-callbacks (read under its lock; a Future of another
+    make, whose callbacks cannot be read, is taken to have some). A callback added after
+    this answer runs where the Future is settled."""
+    with future._condition:
+        callbacks = getattr(future, "_done_callbacks", None)
+        return callbacks is None or bool(callbacks)
 
 
 def _check_new(spec: RunSpec, prompt: str | None, history: Sequence[Any] | None) -> None:
@@ -210,6 +219,18 @@ class Starting(RunnerBase):
                 raise RunnerClosed("this Runner closed while the run waited for admission")
         return True
 
+    def _off_admission(self, future: Future[RunResult], settle: Callable[[], None]) -> None:
+        """Settle a refused run's Future: here when nothing waits on it but its callers
+        (their ``result()`` returns), else on the runner's settle pool, so that a caller's
+        callback that waits (for a run it submits, say) holds up no admission. The pool is
+        the runner's own: a refusal never queues behind tool calls. Closed (the runner is
+        closing, admission stopped): here."""
+        pool = self._workers.settle_pool
+        if not _has_callbacks(future) or pool.closed:
+            settle()
+        else:
+            pool.submit(settle)
+
     def _admitted(self, spec: RunSpec, future: Future[RunResult], seq: int, mine: bool,
                   slot: bool, reason: str | None, error: BaseException | None) -> None:
         """Admission's answer, on its thread: refuse the run, or hand it to its supervisor.
@@ -225,13 +246,15 @@ class Starting(RunnerBase):
                 # Let go of the id first: the Future's callbacks (``_first``'s) look it up.
                 self._unstart(spec, future, mine)
                 if isinstance(error, JournalError):
-                    _settle(future, self._refused(
+                    settle = functools.partial(_settle, future, self._refused(
                         spec, "journal_unavailable", f"It could not check the run's id ({error})."))
                 elif error is not None:
-                    _fail(future, error)
+                    settle = functools.partial(_fail, future, error)
                 else:
                     assert reason is not None
-                    _settle(future, self._refused(spec, "rejected", reason))
+                    settle = functools.partial(_settle, future,
+                                               self._refused(spec, "rejected", reason))
+                self._off_admission(future, settle)
                 return
             with self._lock:
                 self._tokens[run_id] = spec.cancel

@@ -175,6 +175,11 @@ class Pool:
         """Threads alive now."""
         return self._live
 
+    @property
+    def closed(self) -> bool:
+        """True once ``shutdown`` was called: a call submitted now would never run."""
+        return self._closed
+
     def _reserve(self) -> str:
         # Under self._lock: one thread more counts as live now; the caller starts it with
         # _start once it has let go of the lock. Thread.start() waits until the new thread

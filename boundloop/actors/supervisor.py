@@ -160,8 +160,22 @@ class SupervisorActor(Actor):
         self._generations = itertools.count(1)
         #: Appends waiting for the inbox to run dry, then committed together (see _flush).
         self._outbox: list[Submission] = []
+        #: While _flush commits on this thread: the completions answered meanwhile, here,
+        #: handled once the commit returns (see _completed).
+        self._answered: list[EffectDone] | None = None
+        self._ident = 0
+
+    def on_start(self) -> None:
+        """Note the actor's thread: a commit it answers itself needs no message."""
+        self._ident = threading.get_ident()
 
     def on_receive(self, message: Any) -> Any:
+        self._receive(message)
+        while self._outbox and (len(self._outbox) >= OUTBOX_MAX or self.actor_inbox.empty()):
+            self._flush()
+        return None
+
+    def _receive(self, message: Any) -> None:
         run_id = message.spec.run_id if isinstance(message, StartRun) else \
             getattr(message, "run_id", None)
         try:
@@ -173,20 +187,30 @@ class SupervisorActor(Actor):
                     self._fail(run_id, failed, exc)
                 except Exception as worse:  # noqa: BLE001 - ending it failed too
                     self._abandon(run_id, failed, worse)
-        if self._outbox and (len(self._outbox) >= OUTBOX_MAX or self.actor_inbox.empty()):
-            self._flush()
-        return None
 
-    def _flush(self) -> None:
+    def _completed(self, message: EffectDone) -> None:
+        """A commit's answer: handled after the commit when this thread answered it (in
+        _flush), else a message like any other (the writer thread's, say)."""
+        answered = self._answered
+        if answered is not None and threading.get_ident() == self._ident:
+            answered.append(message)
+        else:
+            tell(self.actor_ref, message)
+
+    def _flush(self, handle: bool = True) -> None:
         """Group commit from the actor's own thread: every append of the messages handled
         since the inbox last ran dry, in one transaction, without the hand-offs to a writer
-        thread and back (measured: two thread wake-ups per round less). Their completions
-        come back as messages, like any other. A journal that raises instead of answering
-        fails every append of the batch not answered yet (each is answered once)."""
+        thread and back (measured: two thread wake-ups per round less). The completions it
+        answers are handled right after it, without a message through the inbox (those the
+        writer thread answers come as messages). A journal that raises instead of answering
+        fails every append of the batch not answered yet (each is answered once).
+        ``handle=False`` (the actor stopping): what it answers is dropped, as a message to a
+        stopped actor would be."""
         batch, self._outbox = self._outbox, []
         shard = self.shard
         with shard.lock:
             shard.committing = time.monotonic()
+        answered = self._answered = []
         try:
             self.journal.submit_many(batch)
         except Exception as exc:  # noqa: BLE001 - the failure rule: fail the appends, serve on
@@ -195,10 +219,14 @@ class SupervisorActor(Actor):
             for submission in batch:
                 submission[3](err)
         finally:
+            self._answered = None
             # Past this (it may wait while the timer thread ends a run: _evict), the runs
             # are this thread's again.
             with shard.lock:
                 shard.committing = 0.0
+        if handle:
+            for message in answered:
+                self._receive(message)
 
     def _abandon(self, run_id: str, run: _Run, exc: BaseException) -> None:
         """The last resort when ending a run failed: forget it here and fail its Future;
@@ -215,10 +243,26 @@ class SupervisorActor(Actor):
     def on_stop(self) -> None:
         """Appends still waiting go out (or fail, if the journal is closed)."""
         if self._outbox:
-            self._flush()
+            self._flush(handle=False)
 
     def _handle(self, message: Any) -> None:
+        # The messages of a round first (a class pattern is an isinstance check).
         match message:
+            case EffectDone(run_id=run_id, value=value, error=error, appended=appended,
+                            generation=generation):
+                waiting = self.runs.get(run_id)
+                if waiting is not None and waiting.generation == generation:
+                    waiting.commit_at = 0.0
+                    if error is None:
+                        waiting.seq += appended
+                        if appended:
+                            self._observe(run_id, waiting, waiting.committing)
+                    waiting.committing = []
+                    self._advance(run_id, waiting, value, error)
+            case _UserReturned(run_id=run_id, token=token, reply=reply):
+                asked = self.runs.get(run_id)
+                if asked is not None and asked.call is not None and asked.call.token == token:
+                    self._user_answered(run_id, asked, reply)
             case StartRun(spec=spec, future=future, seq=seq):
                 if future.done() and self._dropped(spec.run_id):
                     return  # ended while this thread hung in a commit (see watch)
@@ -238,21 +282,6 @@ class SupervisorActor(Actor):
                     left = max(driver.deadline - driver.clock.monotonic(), 0.0)
                     limits[spec.run_id] = time.monotonic() + left + GRACE_S / 2
                 self._advance(spec.run_id, run, None, None)
-            case EffectDone(run_id=run_id, value=value, error=error, appended=appended,
-                            generation=generation):
-                waiting = self.runs.get(run_id)
-                if waiting is not None and waiting.generation == generation:
-                    waiting.commit_at = 0.0
-                    if error is None:
-                        waiting.seq += appended
-                        if appended:
-                            self._observe(run_id, waiting, waiting.committing)
-                    waiting.committing = []
-                    self._advance(run_id, waiting, value, error)
-            case _UserReturned(run_id=run_id, token=token, reply=reply):
-                asked = self.runs.get(run_id)
-                if asked is not None and asked.call is not None and asked.call.token == token:
-                    self._user_answered(run_id, asked, reply)
             case _UserWall(run_id=run_id, token=token, why=why):
                 asked = self.runs.get(run_id)
                 if asked is not None and asked.call is not None and asked.call.token == token:
@@ -347,19 +376,20 @@ class SupervisorActor(Actor):
 
     def _perform(self, run_id: str, run: _Run, effect: Effect) -> None:
         me, generation = self.actor_ref, run.generation
+        # The effects of a round first (a class pattern is an isinstance check).
         match effect:
             case Commit(events=events):
                 count = len(events)
                 run.committing = events
                 run.commit_at = time.monotonic()
 
+                answer = self._completed
+
                 def committed(err: BaseException | None) -> None:
-                    tell(me, EffectDone(run_id, None, err, count, generation))
+                    answer(EffectDone(run_id, None, err, count, generation))
 
                 self._outbox.append((run_id, run.seq, events, _once(committed),
                                      self._fence(run)))
-            case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
-                self._call_user(run_id, run, fn, args, deadline, cancel)
             case InvokeModel(model=model, history=history, ctx=ctx):
                 # The step's chat span is current in the model call (a provider SDK's spans
                 # nest under it).
@@ -367,11 +397,6 @@ class SupervisorActor(Actor):
                     self.telemetry.chat_context(run_id, ctx.step)
                 self._call_user(run_id, run, model, (history, ctx), ctx.deadline, ctx.cancel,
                                 otel)
-            case Ledger():
-                def settled(reply: Any) -> None:
-                    tell(me, EffectDone(run_id, reply, generation=generation))
-
-                self.budget.tell(Settle(effect, settled))
             case Dispatch() | Reconcile():
                 effect.loop = run.loop
                 if isinstance(effect, Dispatch):
@@ -389,6 +414,13 @@ class SupervisorActor(Actor):
                 if not (isinstance(effect, Dispatch) and launch_alone(
                         self.executor, self.workers, self.telemetry, effect, completed)):
                     self.executor.tell(DispatchBatch(effect, completed))
+            case CallUser(fn=fn, args=args, deadline=deadline, cancel=cancel):
+                self._call_user(run_id, run, fn, args, deadline, cancel)
+            case Ledger():
+                def settled(reply: Any) -> None:
+                    tell(me, EffectDone(run_id, reply, generation=generation))
+
+                self.budget.tell(Settle(effect, settled))
 
     # -- commits that hang past the deadline --------------------------------------------
     def _tell_wall(self, run_id: str) -> None:

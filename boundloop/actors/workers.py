@@ -85,6 +85,9 @@ class Workers:
                  loop_threads: int = LOOP_THREADS) -> None:
         self.model_pool = Pool(model_threads, "boundloop-model", max_threads)
         self.tool_pool = Pool(tool_threads, "boundloop-tool", max_threads)
+        #: Where a refused run's Future with callbacks is settled (``Starting._admitted``):
+        #: a caller's callback runs there, never on admission's thread nor behind tool calls.
+        self.settle_pool = Pool(1, "boundloop-settle", max_threads)
         self.timer = Timer(clock)
         self.loops = Loops(loop_threads, max_threads)
 
@@ -153,6 +156,7 @@ class Workers:
         self.loops.close()
         self.model_pool.shutdown()
         self.tool_pool.shutdown()
+        self.settle_pool.shutdown()
 
 
 def outcome(future: Future[Any]) -> tuple[Any, BaseException | None]:

@@ -332,23 +332,9 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             or isinstance(event, ev.RunAdmitted) or state.status == "queued":
         _check(state, event)
     # Every branch checks everything first and mutates after: a raise changes nothing.
+    # The cases of a round come first, in the order a round makes them (a class pattern
+    # is an isinstance check: the usual event tries a few, not twenty).
     match event:
-        case ev.RunAdmitted():
-            state.run_id = event.run_id
-            state.admitted = True
-            state.budget = event.budget
-            state.transcript = list(event.history)
-            state.reserved_ids = {m.id for m in event.history if isinstance(m, CallMessage)}
-            state.owner = event.owner
-            state.epoch = 1
-            state.parent_run_id = event.parent_run_id
-            state.parent_step = event.parent_step
-            state.started_ts = event.ts
-            state.agent, state.agent_version = event.agent, event.agent_version
-            state.labels = dict(event.labels)
-            state.tool_caps = dict(event.tool_caps)
-            if event.queued:
-                state.status = "queued"
         case ev.ModelStepStarted():
             if event.step != state.model_steps + 1:
                 raise _refuse(state, event, f"it starts model step {event.step}, and the "
@@ -370,12 +356,6 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             elif response.text is not None or response.content is not None:
                 state.round_turn = AssistantMessage(event.step, response.text,
                                                     response.content)
-        case ev.ModelStepFailed():
-            _check_step(state, event, event.step)
-            if event.reason == "malformed":
-                state.malformed += 1
-        case ev.NoticeAdded():
-            state.transcript.append(NoticeMessage(event.text))
         case ev.UsageCharged():
             _check_step(state, event, event.step)
             if not event.estimated:
@@ -383,14 +363,6 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             elif event.usage.unpriced_steps:  # the estimate stands, and it has no price
                 state.usage = state.usage + Usage(unpriced_steps=event.usage.unpriced_steps)
             state.reservation = None
-        case ev.ChildCharged():
-            state.tool_calls += event.tool_calls
-            state.usage = state.usage + event.usage
-            state.child_tool_calls += event.tool_calls
-            state.child_usage = state.child_usage + event.usage
-            for name, n in event.tools.items():
-                state.tool_counts[name] = state.tool_counts.get(name, 0) + n
-                state.child_tool_counts[name] = state.child_tool_counts.get(name, 0) + n
         case ev.CallDecided():
             if event.execution_id in state.calls:
                 raise _refuse(state, event, f"execution {event.execution_id!r} was decided "
@@ -435,6 +407,54 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             _check_call(state, rec, event, event.attempt)
             rec.phase, rec.stage, rec.status, rec.content = "done", "closed", status, \
                 event.content
+        case ev.RoundCompleted():
+            # Not required: every call of the round has an outcome. The loop ensures it, but
+            # ``inspect.check`` answers a dispatch past the recording's end with an empty
+            # outcome, and its round still completes.
+            _check_step(state, event, event.step)
+            calls, turn = state.calls, state.round_turn
+            for eid in state.round_calls:
+                rec = calls[eid]
+                if rec.status in (None, "skipped"):
+                    continue
+                if turn is not None:  # right before the step's first call
+                    state.transcript.append(turn)
+                    turn = None
+                state.transcript.append(CallMessage(rec.call_id, rec.tool, rec.arguments,
+                                                    rec.step))
+                state.transcript.append(ToolResultMessage(rec.call_id, rec.status, rec.content))
+            state.round_calls = []
+            state.round_turn = None
+        case ev.RunAdmitted():
+            state.run_id = event.run_id
+            state.admitted = True
+            state.budget = event.budget
+            state.transcript = list(event.history)
+            state.reserved_ids = {m.id for m in event.history if isinstance(m, CallMessage)}
+            state.owner = event.owner
+            state.epoch = 1
+            state.parent_run_id = event.parent_run_id
+            state.parent_step = event.parent_step
+            state.started_ts = event.ts
+            state.agent, state.agent_version = event.agent, event.agent_version
+            state.labels = dict(event.labels)
+            state.tool_caps = dict(event.tool_caps)
+            if event.queued:
+                state.status = "queued"
+        case ev.ModelStepFailed():
+            _check_step(state, event, event.step)
+            if event.reason == "malformed":
+                state.malformed += 1
+        case ev.NoticeAdded():
+            state.transcript.append(NoticeMessage(event.text))
+        case ev.ChildCharged():
+            state.tool_calls += event.tool_calls
+            state.usage = state.usage + event.usage
+            state.child_tool_calls += event.tool_calls
+            state.child_usage = state.child_usage + event.usage
+            for name, n in event.tools.items():
+                state.tool_counts[name] = state.tool_counts.get(name, 0) + n
+                state.child_tool_counts[name] = state.child_tool_counts.get(name, 0) + n
         case ev.CallFailed():
             rec = _record(state, event.execution_id)
             _check_call(state, rec, event, event.attempt)
@@ -507,24 +527,6 @@ def apply(state: RunState, event: ev.Event) -> RunState:
             state.finished = False
             state.status = "queued"
             state.explanation = ""
-        case ev.RoundCompleted():
-            # Not required: every call of the round has an outcome. The loop ensures it, but
-            # ``inspect.check`` answers a dispatch past the recording's end with an empty
-            # outcome, and its round still completes.
-            _check_step(state, event, event.step)
-            calls, turn = state.calls, state.round_turn
-            for eid in state.round_calls:
-                rec = calls[eid]
-                if rec.status in (None, "skipped"):
-                    continue
-                if turn is not None:  # right before the step's first call
-                    state.transcript.append(turn)
-                    turn = None
-                state.transcript.append(CallMessage(rec.call_id, rec.tool, rec.arguments,
-                                                    rec.step))
-                state.transcript.append(ToolResultMessage(rec.call_id, rec.status, rec.content))
-            state.round_calls = []
-            state.round_turn = None
         case ev.OwnerClaimed():
             # epoch 0: a journal older than epochs, or "the next one"; the fold counts it.
             # (getattr: the field is being added to events.py alongside this.)

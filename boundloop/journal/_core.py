@@ -88,6 +88,11 @@ class Plan(msgspec.Struct):
     records: list[tuple[int, bytes, bytes]]
 
 
+#: The events that change a run's index entry (owner, epoch, status: ``plan_append``).
+_INDEXED = frozenset({ev.RunAdmitted, ev.OwnerClaimed, ev.RunFinished, ev.RunResumed,
+                      ev.RunRequeued})
+
+
 def plan_append(req: Request, info: StoredIndex | None, now: float,
                 owner_of: Callable[[str], OwnerRecord | None],
                 entry: str = "index entry") -> Plan | JournalError:
@@ -126,6 +131,9 @@ def plan_append(req: Request, info: StoredIndex | None, now: float,
     opened: bool | None = True if info is None else None
     epochs: list[int] = []
     for event in req.events:
+        if type(event) not in _INDEXED:  # most events leave the index entry as it is
+            epochs.append(new.epoch)
+            continue
         match event:
             case ev.RunAdmitted():
                 new.parent_run_id = event.parent_run_id
