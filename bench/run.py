@@ -259,8 +259,6 @@ class HandOffs:
 
         def counted_slot(self_: Any) -> bool:
             # A caller that must wait for admission (submit's backpressure) is woken by it.
-            if getattr(bl_starting._answering, "active", False):
-                return slot(self_)  # admission's own thread takes no slot
             if self_._admitting.acquire(blocking=False):
                 return True  # a slot taken: _admitted gives it back
             bump()

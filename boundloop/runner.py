@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Literal
@@ -173,6 +174,9 @@ class Runner(Submitting, People):
         self._scrubbers: OrderedDict[str, Scrubber] = OrderedDict()
         self._futures: dict[str, Future[RunResult]] = {}
         self._pending: set[Future[RunResult]] = set()  # futures being admitted
+        #: Refused runs' Futures handed to the settle pool, and how each is settled (what the
+        #: pool has not taken when the runner closes is settled by close()).
+        self._settling: dict[Future[RunResult], Callable[[], None]] = {}
         #: Agent names of runs read so far (a run's agent never changes).
         self._agents: dict[str, str] = {}
         #: When the queue was last counted, and its depth by agent then.
@@ -246,6 +250,9 @@ class Runner(Submitting, People):
                 pass
         with self._lock:
             futures.extend(self._pending)
+            refused, self._settling = list(self._settling.values()), {}
+        for settle in refused:
+            settle()  # refused before admission stopped; the settle pool had not got to it
         for f in futures:
             # Runs still in flight stay open in the journal, for recover() to take over.
             _settle_closed(f)

@@ -1,6 +1,6 @@
 """Attacks on told admission (#21): submits racing close(), one id from many threads, a
-small max_in_flight under a flood, children under a flood, and callers' callbacks that
-run on admission's thread (SPEC 1: no call of the API waits forever)."""
+small max_in_flight under a flood, children under a flood, and callers' callbacks of runs
+admission refused (SPEC 1: no call of the API waits forever)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import os
 import signal
 import sys
 import threading
+import time
 import zlib
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,34 @@ def _final(text: str) -> bl.ScriptedModel:
     return bl.ScriptedModel([bl.Final(text)])
 
 
+def _held(gate: threading.Event, entered: threading.Event, text: str,
+          calls: list[int] | None = None) -> Any:
+    """A model that says it was called (``entered``, ``calls``), then waits for ``gate``."""
+
+    def model(history: list[Any], ctx: bl.ModelContext) -> bl.Final:
+        if calls is not None:
+            calls.append(1)
+        entered.set()
+        assert gate.wait(WAIT_S)
+        return bl.Final(text)
+
+    return model
+
+
+def _all_return(threads: list[threading.Thread]) -> None:
+    """Start ``threads``; each returns within WAIT_S."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+        assert not t.is_alive()
+
+
 def test_a_callback_of_a_refused_run_may_submit_runs(journal_dir: Path) -> None:
-    """A refused run's Future is settled on admission's thread now: a done-callback there
-    that submits again (a retry on ``journal_unavailable``) must not wait for an admission
-    slot only that very thread can give back (it waited until close())."""
+    """A done-callback of a refused run's Future that submits again (a retry on
+    ``journal_unavailable``): when it ran on admission's thread, it waited for an admission
+    slot only that very thread can give back (until close()). It runs on the runner's
+    settle pool now, and its submits take their slots as any other."""
     gate = threading.Event()
     runner = bl.Runner(journal_dir)
     try:
@@ -64,10 +89,10 @@ def test_a_callback_of_a_refused_run_may_submit_runs(journal_dir: Path) -> None:
                 done.set()
 
         refused = runner.submit(model=_final("x"), prompt="p", run_id="boom")
-        assert not refused.done()  # admission is held in find: the callback runs there
+        assert not refused.done()  # admission is held in find: the callback waits for it
         refused.add_done_callback(retry)
         gate.set()
-        assert done.wait(WAIT_S), "a submit from admission's thread waited for a slot"
+        assert done.wait(WAIT_S), "a submit from the refused run's callback waited for a slot"
         assert [f.result(WAIT_S).status for f in retried] == ["final", "final"]
         assert sorted(runner.journal.runs()) == ["again-1", "again-2"]
     finally:
@@ -165,12 +190,7 @@ def test_one_id_from_many_threads_is_one_run(journal_dir: Path) -> None:
     gate = threading.Event()
     entered = threading.Event()
     calls: list[int] = []
-
-    def model(history: list[Any], ctx: bl.ModelContext) -> bl.Final:
-        calls.append(1)
-        entered.set()
-        assert gate.wait(WAIT_S)
-        return bl.Final("the one")
+    model = _held(gate, entered, "the one", calls)
 
     with bl.Runner(journal_dir) as runner:
         go = threading.Barrier(8)
@@ -183,12 +203,7 @@ def test_one_id_from_many_threads_is_one_run(journal_dir: Path) -> None:
             with lock:
                 futures.append(f)
 
-        threads = [threading.Thread(target=submit, daemon=True) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(WAIT_S)
-            assert not t.is_alive()
+        _all_return([threading.Thread(target=submit, daemon=True) for _ in range(8)])
         assert entered.wait(WAIT_S)
         gate.set()
         results = [f.result(WAIT_S) for f in futures]
@@ -463,11 +478,7 @@ def test_two_submits_of_one_id_past_the_lookup_at_once_are_one_run(journal_dir: 
     id that exists is returned, never refused nor run twice)."""
     gate = threading.Event()
     entered = threading.Event()
-
-    def model(history: list[Any], ctx: bl.ModelContext) -> bl.Final:
-        entered.set()
-        assert gate.wait(WAIT_S)
-        return bl.Final("the one")
+    model = _held(gate, entered, "the one")
 
     with bl.Runner(journal_dir) as runner:
         real = runner._existing
@@ -483,11 +494,7 @@ def test_two_submits_of_one_id_past_the_lookup_at_once_are_one_run(journal_dir: 
         threads = [threading.Thread(target=lambda: futures.append(runner.submit(
             model=model, prompt="p", run_id="same")), daemon=True) for _ in range(2)]
         try:
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(WAIT_S)
-                assert not t.is_alive()
+            _all_return(threads)
             assert entered.wait(WAIT_S)
         finally:
             gate.set()
@@ -498,9 +505,9 @@ def test_two_submits_of_one_id_past_the_lookup_at_once_are_one_run(journal_dir: 
 
 def test_a_callback_of_a_refused_run_that_exits_does_not_stop_the_actors(
         journal_dir: Path) -> None:
-    """A refused run's callback runs on admission's thread: a SystemExit it raises (a
-    sys.exit() meant for the caller's thread) made pykka stop every actor in the process,
-    this runner's and any other's; it ends nothing but that callback now."""
+    """A refused run's callback that raises SystemExit (a sys.exit() meant for the caller's
+    thread): on admission's thread, it made pykka stop every actor in the process, this
+    runner's and any other's; it ends nothing but that callback now."""
     gate = threading.Event()
     with bl.Runner(journal_dir) as runner:
         _admission_waits(runner, gate, bl.JournalUnavailable("the disk is away"))
@@ -563,11 +570,7 @@ def test_a_failed_lookup_after_a_refusal_settles_the_run(journal_dir: Path) -> N
     refusal stands."""
     gate = threading.Event()
     entered = threading.Event()
-
-    def blocking(history: list[Any], ctx: bl.ModelContext) -> bl.Final:
-        entered.set()
-        assert gate.wait(WAIT_S)
-        return bl.Final("first")
+    blocking = _held(gate, entered, "first")
 
     with bl.Runner(journal_dir, max_in_flight=1) as runner:
         find = runner.journal.find
@@ -586,3 +589,106 @@ def test_a_failed_lookup_after_a_refusal_settles_the_run(journal_dir: Path) -> N
         finally:
             gate.set()
         assert first.result(WAIT_S).status == "final"
+
+
+def test_a_refusal_settled_in_place_runs_no_callback_there() -> None:
+    """Admission settles a refused run's Future on its own thread only when it has no
+    done-callbacks, checked and settled under the Future's lock: a callback added from
+    another thread meanwhile waits, then runs on the thread that added it (the Future
+    being done), never on admission's; a Future with callbacks is left to the pool."""
+    from boundloop._runner.starting import _settled_quietly
+
+    future: Future[str] = Future()
+    started, ran_on = threading.Event(), []
+
+    def add() -> None:
+        started.set()
+        future.add_done_callback(lambda f: ran_on.append(threading.current_thread().name))
+
+    adder = threading.Thread(target=add, name="adder", daemon=True)
+
+    def settle() -> None:
+        adder.start()
+        assert started.wait(WAIT_S)
+        time.sleep(0.05)  # the adder is inside add_done_callback, waiting for the lock
+        future.set_result("refused")
+
+    assert _settled_quietly(future, settle)
+    adder.join(WAIT_S)
+    assert ran_on == ["adder"]
+
+    called_back: Future[str] = Future()
+    called_back.add_done_callback(lambda f: None)
+    assert not _settled_quietly(called_back, lambda: called_back.set_result("x"))
+    assert not called_back.done()
+
+
+def _unreadable_ids(runner: bl.Runner, gates: dict[str, threading.Event]) -> None:
+    """Admission cannot check the ids of ``gates`` (the journal is away): it finds so for
+    each once its gate is set (the submitting caller's own lookup finds nothing), so a
+    callback added before that is on the Future when it is refused."""
+    find = runner.journal.find
+
+    def find_or_fail(run_id: str) -> RunInfo | None:
+        if run_id in gates and threading.current_thread().name.startswith("AdmissionActor"):
+            assert gates[run_id].wait(WAIT_S)
+            raise bl.JournalUnavailable("the disk is away")
+        return find(run_id)
+
+    runner.journal.find = find_or_fail  # type: ignore[method-assign]
+
+
+def test_refused_runs_whose_callbacks_wait_are_each_settled_at_once(journal_dir: Path) -> None:
+    """Many refused runs, each with a done-callback that waits (for something that never
+    comes, here until the test ends): every one is settled at once (the settle pool gets a
+    thread more while a callback waits), admission serves on, and close() returns."""
+    release = threading.Event()
+    gates = {f"bad{i}": threading.Event() for i in range(10)}
+    started: list[int] = []
+    runner = bl.Runner(journal_dir)
+    try:
+        _unreadable_ids(runner, gates)
+        refused = []
+        for run_id, gate in gates.items():
+            f = runner.submit(model=_final("x"), prompt="p", run_id=run_id)
+            f.add_done_callback(lambda f: (started.append(1), release.wait(WAIT_S)))
+            refused.append(f)
+            gate.set()
+        assert runner.run(model=_final("ok"), prompt="p").status == "final"
+        # One behind another, the ten would take ~9 s (a starved pool adds a thread a
+        # second); each with a thread of its own, they are all settled at once.
+        _, late = wait(refused, timeout=3)
+        assert not late
+        assert [f.result().status for f in refused] == ["journal_unavailable"] * 10
+        deadline = time.monotonic() + 2
+        while len(started) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(started) == 10  # all ten wait at once
+        began = time.monotonic()
+        runner.close(timeout=1)
+        assert time.monotonic() - began < 3
+    finally:
+        release.set()
+        runner.close(timeout=1)
+
+
+def test_close_settles_a_refusal_the_settle_pool_never_took(journal_dir: Path) -> None:
+    """A refused run's Future handed to the settle pool, which has not taken it when the
+    runner closes (its threads busy): close() settles it, with its refusal."""
+    runner, gate = bl.Runner(journal_dir), threading.Event()
+    called: list[str] = []
+    try:
+        _unreadable_ids(runner, {"bad": gate})
+        runner._workers.settle_pool.submit = lambda *a, **k: None  # type: ignore[method-assign]
+        f = runner.submit(model=_final("x"), prompt="p", run_id="bad")
+        f.add_done_callback(lambda f: called.append(f.result().status))
+        gate.set()
+        deadline = time.monotonic() + 2
+        while f not in runner._settling and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not f.done()
+    finally:
+        runner.close(timeout=1)
+    assert f.result(0).status == "journal_unavailable"
+    assert called == ["journal_unavailable"]
+    assert runner._settling == {}

@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import pykka
@@ -63,6 +64,7 @@ class RunnerBase:
     _scrubbers: OrderedDict[str, Scrubber]
     _futures: dict[str, Future[RunResult]]
     _pending: set[Future[RunResult]]
+    _settling: dict[Future[RunResult], Callable[[], None]]
     _agents: dict[str, str]
     _queue_seen: tuple[float, dict[str, int]] | None
     _lock: threading.Lock

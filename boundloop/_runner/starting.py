@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
 import time
 import weakref
 import zlib
@@ -42,19 +41,19 @@ from boundloop.tools import Tool
 ADMIT_AHEAD = 1
 #: How often a caller waiting for an admission slot looks whether the runner closed.
 ADMIT_LOOK_S = 0.1
-#: Set on admission's thread while it answers an ``Admit`` (``Starting._admitted``): a
-#: refused run's Future with no callbacks is settled there, and a callback added to it just
-#: then runs there; one that submits must not wait for a slot only this thread gives back.
-_answering = threading.local()
 
 
-def _has_callbacks(future: Future[Any]) -> bool:
-    """True when ``future`` has done-callbacks (read under its lock; a Future of another
-    make, whose callbacks cannot be read, is taken to have some). A callback added after
-    this answer runs where the Future is settled."""
+def _settled_quietly(future: Future[Any], settle: Callable[[], None]) -> bool:
+    """``settle()`` here when ``future`` has no done-callbacks, so that no caller's code
+    runs on this thread; False, settling nothing, when it has some (or they cannot be
+    read). Checked and settled under the Future's lock, so none is added in between (its
+    Condition's lock is re-entrant: ``set_result`` takes it again); one added later runs
+    where it is added, the Future being done."""
     with future._condition:
-        callbacks = getattr(future, "_done_callbacks", None)
-        return callbacks is None or bool(callbacks)
+        if getattr(future, "_done_callbacks", None) != []:
+            return False
+        settle()
+        return True
 
 
 def _check_new(spec: RunSpec, prompt: str | None, history: Sequence[Any] | None) -> None:
@@ -179,7 +178,9 @@ class Starting(RunnerBase):
             self.telemetry.link(run_id, spec.parent_run_id)
         slot = False
         try:
-            # Backpressure (ADMIT_AHEAD): one slot per run, given back by _admitted.
+            # Backpressure (ADMIT_AHEAD): one slot per run, given back by _admitted. No
+            # caller's code runs on admission's thread (_off_admission), so a submit never
+            # waits there for the slot only that thread gives back.
             slot = self._admit_slot()
             # A tell, not an ask: this thread waits on the Future anyway, and admission
             # hands an admitted run to its supervisor itself (2 hand-offs per run less
@@ -209,27 +210,34 @@ class Starting(RunnerBase):
 
     def _admit_slot(self) -> bool:
         """Wait for one of the ADMIT_AHEAD slots of runs waiting for admission, or raise
-        RunnerClosed once the runner closes meanwhile. On admission's own thread (a
-        callback of a refused run's Future that submits), take none and do not wait: only
-        that thread gives slots back. True when a slot was taken."""
-        if getattr(_answering, "active", False):
-            return False
+        RunnerClosed once the runner closes meanwhile. True when a slot was taken."""
         while not self._admitting.acquire(timeout=ADMIT_LOOK_S):
             if self._closed:
                 raise RunnerClosed("this Runner closed while the run waited for admission")
         return True
 
     def _off_admission(self, future: Future[RunResult], settle: Callable[[], None]) -> None:
-        """Settle a refused run's Future: here when nothing waits on it but its callers
-        (their ``result()`` returns), else on the runner's settle pool, so that a caller's
-        callback that waits (for a run it submits, say) holds up no admission. The pool is
-        the runner's own: a refusal never queues behind tool calls. Closed (the runner is
-        closing, admission stopped): here."""
-        pool = self._workers.settle_pool
-        if not _has_callbacks(future) or pool.closed:
-            settle()
-        else:
-            pool.submit(settle)
+        """Settle, from admission's thread, a Future of a run it did not start: here when
+        nothing waits on it but its callers (their ``result()`` returns), else on the
+        runner's settle pool, so that no caller's callback runs on admission's thread (one
+        that waits, for a run it submits say, would hold up every admission). The pool is
+        the runner's own: a refusal never queues behind tool calls. What it has not taken
+        when the runner closes, close() settles."""
+        if _settled_quietly(future, settle):
+            return
+        with self._lock:
+            self._settling[future] = settle
+        self._workers.settle_pool.submit(self._settle_refused, future)
+
+    def _settle_refused(self, future: Future[RunResult]) -> None:
+        """On a settle pool thread: settle ``future`` unless close() did. Its callbacks may
+        wait: meanwhile the pool has a thread more (``waiting``), so one callback that
+        waits never holds up the next refusal."""
+        with self._lock:
+            settle = self._settling.pop(future, None)
+        if settle is not None:
+            with waiting():
+                settle()
 
     def _admitted(self, spec: RunSpec, future: Future[RunResult], seq: int, mine: bool,
                   slot: bool, reason: str | None, error: BaseException | None) -> None:
@@ -237,7 +245,6 @@ class Starting(RunnerBase):
         Nothing raised here may leave it: admission would stop (pykka stops an actor that
         raises on a tell), and with it every later run."""
         run_id = spec.run_id
-        _answering.active = True
         handed = False
         try:
             if slot:
@@ -281,16 +288,14 @@ class Starting(RunnerBase):
             # neither its id nor its in-flight slot.
             self._finished(run_id)
             self.telemetry.release(run_id)
-            _settle_closed(future)
+            self._off_admission(future, functools.partial(_settle_closed, future))
         except BaseException as exc:  # noqa: BLE001 - this run fails; admission serves on
-            # BaseException too: a caller's callback of a refused run's Future runs here,
-            # and a SystemExit it raises would make pykka stop every actor in the process.
+            # BaseException too: pykka stops every actor in the process on a SystemExit.
             if not handed and reason is None and error is None:
                 self._finished(run_id)  # admitted, never started: nothing else lets go
                 self.telemetry.release(run_id)
-            _fail(future, exc)
+            self._off_admission(future, functools.partial(_fail, future, exc))
         finally:
-            _answering.active = False
             with self._lock:
                 self._pending.discard(future)
 
