@@ -692,3 +692,38 @@ def test_close_settles_a_refusal_the_settle_pool_never_took(journal_dir: Path) -
     assert f.result(0).status == "journal_unavailable"
     assert called == ["journal_unavailable"]
     assert runner._settling == {}
+
+
+@pytest.mark.xfail(strict=True, reason="a finished run's Future is settled on its "
+                   "supervisor's thread: a callback there that waits for a run of the "
+                   "same supervisor stalls it (docs/concepts.md: a callback should not wait)")
+def test_a_callback_of_a_finished_run_may_wait_for_another_run(journal_dir: Path) -> None:
+    """SPEC 1 (a Runner keeps serving): a done-callback of a run that ran, waiting for a
+    run it submits that lands on the same supervisor, holds that supervisor's thread, so
+    the run it waits for cannot start until the wait gives up."""
+    with bl.Runner(journal_dir) as runner:
+        shards = len(runner._supervisors)
+
+        def shard(run_id: str) -> int:
+            return zlib.crc32(run_id.encode()) % shards
+
+        other = next(f"b{i}" for i in range(100) if shard(f"b{i}") == shard("a"))
+        got: list[str] = []
+        done = threading.Event()
+
+        def wait_for_another(f: Future[bl.RunResult]) -> None:
+            try:
+                again = runner.submit(model=_final("b"), prompt="p", run_id=other)
+                got.append(again.result(2).status)
+            except Exception as exc:  # noqa: BLE001 - what the wait ended with
+                got.append(type(exc).__name__)
+            finally:
+                done.set()
+
+        gate = threading.Event()
+        first = runner.submit(model=_held(gate, threading.Event(), "a"), prompt="p",
+                              run_id="a")
+        first.add_done_callback(wait_for_another)  # before it ends: runs where it ends
+        gate.set()
+        assert done.wait(WAIT_S)
+        assert got == ["final"]
